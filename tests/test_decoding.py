@@ -1,0 +1,127 @@
+"""Greedy equality: EAGLE output equals vanilla greedy token for token, on tiny models of every
+supported architecture, with an always-right drafter and a random (almost always wrong) head."""
+
+import pytest
+import torch
+from conftest import ARCHS, tiny_target
+from oracle import OracleDrafter
+
+from eaglespec.config import DynamicTreeSpec, parse_tree
+from eaglespec.decoding import EagleGenerator
+from eaglespec.draft.head import EagleHead
+from eaglespec.errors import EagleError
+
+PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
+TREES = ["eagle1", "chain:3", "dynamic:3,4,10"]
+SHAPES = {  # parents arrays for the oracle: a chain, EAGLE-1's tree
+    "chain": [-1, 0, 1, 2, 3, 4],
+    "eagle1": parse_tree("eagle1").parents.tolist(),
+    "bushy": [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7],
+}
+
+
+def assert_same_or_tie(target, prompt, vanilla, eagle):
+    """Equal token for token; a divergence is allowed only at a genuine rounding tie (the target's
+    top-2 logits within 1e-9 at that position), which float64 makes vanishingly rare."""
+    if vanilla == eagle:
+        return
+    i = next(i for i, (a, b) in enumerate(zip(vanilla, eagle)) if a != b) if any(
+        a != b for a, b in zip(vanilla, eagle)) else min(len(vanilla), len(eagle))
+    logits = target.model(torch.tensor([prompt + vanilla[:i]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    assert (top2[0] - top2[1]).abs() < 1e-9, f"outputs diverge at token {i} without a tie: {vanilla[i:i+5]} vs {eagle[i:i+5]}"
+
+
+def random_head(target, seed=1):
+    torch.manual_seed(seed)
+    return EagleHead(target.config).to(target.dtype)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("tree", TREES)
+def test_random_head_equals_vanilla(arch, tree):
+    target = tiny_target(arch)
+    gen = EagleGenerator(target, random_head(target), tree)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert len(vanilla.token_ids) == 64
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+    assert all(s.tree_size > 1 for s in eagle.steps)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_oracle_drafter_equals_vanilla_and_accepts_all(arch, shape):
+    target = tiny_target(arch)
+    parents = SHAPES[shape]
+    drafter = OracleDrafter(target, PROMPT, parents)
+    gen = EagleGenerator(target, drafter=drafter)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+    depth = int(drafter and max(len(drafter._ancestors(n)) for n in range(len(parents))))
+    # every full step accepts the whole rank-0 path: depth drafts + the bonus token
+    assert all(s.accepted == depth for s in eagle.steps[:-1])
+    assert eagle.tau > depth
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 37, 64])
+def test_max_length_boundary_mid_tree(max_new):
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPT, SHAPES["eagle1"]))
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=max_new, speculative=False, stop_token_ids=set())
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=max_new, stop_token_ids=set())
+    assert len(eagle.token_ids) == max_new
+    assert eagle.token_ids == vanilla.token_ids
+    assert eagle.finish_reason == "length"
+
+
+@pytest.mark.parametrize("tree", ["oracle", "eagle1", "dynamic"])
+def test_eos_mid_tree(tree):
+    target = tiny_target("qwen2", seed=1)
+    full = EagleGenerator(target).generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    # pick a stop token first produced well inside the output, so the stop falls mid-step
+    stop = next(t for i, t in enumerate(full.token_ids) if i >= 12 and t not in full.token_ids[:i])
+    if tree == "oracle":
+        gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPT, SHAPES["eagle1"]))
+    else:
+        gen = EagleGenerator(target, random_head(target), tree)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids={stop})
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids={stop})
+    assert vanilla.token_ids[-1] == stop and vanilla.finish_reason == "stop"
+    assert eagle.token_ids == vanilla.token_ids
+    assert eagle.finish_reason == "stop"
+
+
+def test_dynamic_tree_respects_total_tokens():
+    target = tiny_target("llama")
+    spec = DynamicTreeSpec(top_k=3, depth=4, total_tokens=7)
+    gen = EagleGenerator(target, random_head(target), spec)
+    out = gen.generate(input_ids=PROMPT, max_new_tokens=20, stop_token_ids=set())
+    assert all(s.tree_size == 8 for s in out.steps)
+
+
+def test_sampling_is_reproducible_and_vanilla_matches_distribution_support():
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, random_head(target), "eagle1")
+    a = gen.generate(input_ids=PROMPT, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=3, stop_token_ids=set())
+    b = gen.generate(input_ids=PROMPT, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=3, stop_token_ids=set())
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 30
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_bad_generation_arguments(kwargs, message):
+    target = tiny_target("llama", check=False)
+    with pytest.raises(EagleError, match=message):
+        EagleGenerator(target).generate(input_ids=PROMPT, **kwargs)
+
+
+def test_prompt_longer_than_context():
+    target = tiny_target("llama", check=False)
+    with pytest.raises(EagleError, match="context"):
+        EagleGenerator(target).generate(input_ids=[3] * 600)
