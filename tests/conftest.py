@@ -47,6 +47,19 @@ def tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float64, check: 
     return target
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_for_tiny_models(request):
+    """Tiny models run faster on one thread (and CI's 2 cores may be shared); the real-model
+    tests (marked slow) keep torch's default."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(params=ARCHS)
 def any_arch_target(request):
     return tiny_target(request.param)

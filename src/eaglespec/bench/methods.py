@@ -1,0 +1,164 @@
+"""Decoding methods the harness compares. A method is any object with the `Method` attributes and
+`run(input_ids, max_new_tokens, sampling) -> Record`; each is timed the same way (device
+synchronised on a GPU, prefill included) and its tokens are the generated ids it returns."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+from ..config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..decoding import EagleGenerator
+from ..errors import EagleError
+from .metrics import Record
+
+BASELINE = "vanilla"
+HF_GENERATE = "hf-generate"
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+PROMPT_LOOKUP_TOKENS = 10
+DEFAULT_METHODS = "vanilla,eagle1,chain,dynamic,hf,pld"
+METHODS_HELP = (
+    "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
+    "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, default (the --tree of the generator), "
+    f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy). Default: {DEFAULT_METHODS}"
+)
+_ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP}
+
+
+class Method(Protocol):
+    name: str          # column in every table and plot
+    kind: str          # "baseline" | "lossless" (must equal the baseline under greedy) | "reference" (outside code: a mismatch is a warning)
+    spec: str          # what it runs, for the metadata
+    depth: int         # deepest draft level (n-alpha is reported up to it); 0 without a drafter
+    greedy_only: bool  # skipped at temperature > 0
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record: ...
+
+
+def synchronize(device: torch.device) -> None:
+    """Only the benchmark waits for the device: timings must include queued GPU work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class LoopMethod:
+    """eaglespec's own generation loop: vanilla (tree None) or EAGLE with a given tree."""
+
+    greedy_only = False
+
+    def __init__(self, gen: EagleGenerator, name: str, tree=None):
+        self.gen, self.name, self.tree = gen, name, tree
+        self.kind = "baseline" if tree is None else "lossless"
+        self.spec = "no drafter" if tree is None else name
+        self.depth = int(getattr(tree, "depth", 0) or 0)
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        device = self.gen.target.device
+        tokens: list[int] = []
+        accepted: list[int] = []
+        emitted: list[int] = []
+        sizes: list[int] = []
+        synchronize(device)
+        start = time.perf_counter()
+        steps = self.gen.stream(input_ids, max_new_tokens, sampling, tree=self.tree, speculative=self.tree is not None)
+        for i, step in enumerate(steps):
+            tokens.extend(step.tokens)
+            if i:  # the first output is the prefill's token, not a verification step
+                accepted.append(step.stats.accepted)
+                emitted.append(step.stats.emitted)
+                sizes.append(step.stats.tree_size)
+        synchronize(device)
+        return Record(tokens, time.perf_counter() - start, accepted, emitted, sizes)
+
+
+class HFMethod:
+    """transformers' own `generate` on the same model: greedy, or prompt-lookup decoding."""
+
+    kind = "reference"
+    greedy_only = True
+    depth = 0
+
+    def __init__(self, gen: EagleGenerator, name: str, prompt_lookup_tokens: int | None = None):
+        self.gen, self.name, self.prompt_lookup_tokens = gen, name, prompt_lookup_tokens
+        self.spec = "transformers generate, greedy" + (
+            f", prompt_lookup_num_tokens={prompt_lookup_tokens}" if prompt_lookup_tokens else "")
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        from transformers import GenerationConfig
+
+        if not sampling.greedy:
+            raise EagleError(f"{self.name} is run greedy only")
+        target = self.gen.target
+        eos = sorted(self.gen.eos_token_ids())  # the same stops as our loop
+        extra = {"prompt_lookup_num_tokens": self.prompt_lookup_tokens} if self.prompt_lookup_tokens else {}
+        config = GenerationConfig(max_new_tokens=min(max_new_tokens, target.max_context - len(input_ids)),
+                                  do_sample=False, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, **extra)
+        ids = torch.tensor([input_ids], device=target.device)
+        synchronize(target.device)
+        start = time.perf_counter()
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        synchronize(target.device)
+        elapsed = time.perf_counter() - start
+        return Record(out[0, len(input_ids):].tolist(), elapsed)
+
+
+def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bool,
+                  default_tree: str = "eagle1") -> tuple[list[Method], list[str]]:
+    """Parse --methods; -> (methods, notes for the user). Vanilla is always first (the baseline);
+    greedy-only references are dropped at temperature > 0."""
+    notes: list[str] = []
+    wanted: list[str] = []
+    for raw in split_methods(names):
+        if raw == "chain":
+            if not chains:
+                raise EagleError("method 'chain' needs --chain depths, e.g. --chain 3,5")
+            wanted += [f"chain:{d}" for d in chains]
+        else:
+            wanted.append(_ALIASES.get(raw, default_tree if raw == "default" else raw))
+    wanted = list(dict.fromkeys(wanted))
+    if BASELINE not in wanted:
+        notes.append("vanilla added: it is the baseline of the speedup and of the losslessness check")
+    wanted = [BASELINE] + [w for w in wanted if w != BASELINE]
+    methods: list[Method] = []
+    for name in wanted:
+        if name == BASELINE:
+            methods.append(LoopMethod(gen, BASELINE))
+        elif name in (HF_GENERATE, HF_PROMPT_LOOKUP):
+            if not greedy:
+                notes.append(f"{name} skipped: outside references run greedy only")
+                continue
+            methods.append(HFMethod(gen, name, PROMPT_LOOKUP_TOKENS if name == HF_PROMPT_LOOKUP else None))
+        else:
+            tree = parse_tree(name)  # once per method: the generator caches a drafter per tree object
+            if tree is None:
+                raise EagleError(f"method {name!r} is vanilla decoding; use 'vanilla'. {METHODS_HELP}")
+            if gen.head is None and gen.drafter is None:
+                raise EagleError(f"method {name!r} needs an EAGLE head, and the generator has none")
+            label = str(tree) if isinstance(tree, DynamicTreeSpec) else name  # 'dynamic' -> 'dynamic:4,4,12'
+            if all(m.name != label for m in methods):
+                methods.append(LoopMethod(gen, label, tree))
+    return methods, notes
+
+
+def split_methods(text: str) -> list[str]:
+    """'vanilla,dynamic:4,6,30,hf' -> ['vanilla', 'dynamic:4,6,30', 'hf']: a bare number continues
+    the previous item's arguments."""
+    items: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.isdigit() and items and ":" in items[-1]:
+            items[-1] += "," + part
+        elif part:
+            items.append(part)
+    return items
+
+
+def parse_depths(text: str) -> list[int]:
+    try:
+        depths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise EagleError(f"--chain takes comma-separated depths such as 3,5, got {text!r}") from exc
+    if any(d < 1 for d in depths):
+        raise EagleError(f"--chain depths must be >= 1, got {text!r}")
+    return depths

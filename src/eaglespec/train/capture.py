@@ -1,0 +1,227 @@
+"""Feature capture: run the target over the examples and store, per example, the token ids, the
+loss mask and the target's features f (last hidden state after the final norm).
+
+A capture directory holds
+    manifest.json             target identity, options, data summary, the list of complete shards
+    shard-00000.safetensors   input_ids [N] int32, loss_mask [N] uint8, features [N, H] (bf16 by
+                              default), offsets [n+1] int64: example j is rows offsets[j]:offsets[j+1]
+Each shard is written to a temporary file and renamed, and enters the manifest only once it is
+complete, so a reader never sees half a shard and a rerun continues after the last complete one.
+`OnlineDataset` is the alternative without disk: features computed from the target when read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from ..errors import EagleError
+from .config import CaptureConfig, to_dict
+from .data import DataSummary, Example, check_usable, iter_examples
+from ..files import atomic_path, atomic_write_bytes
+
+MANIFEST = "manifest.json"
+FORMAT = "eaglespec-capture/1"
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_IDENTITY_KEYS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers", "fingerprint")
+
+
+@dataclass
+class Sample:
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] bool
+    features: torch.Tensor   # [T, H] f from the target
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def check_identity(recorded: dict, target, what: str) -> None:
+    """Refuse data or checkpoints made with another target (its weights, not its name, decide)."""
+    ours = target.identity()
+    diff = [k for k in _IDENTITY_KEYS if recorded.get(k) != ours[k]]
+    if diff:
+        k = diff[0]
+        raise EagleError(f"{what} was made for target {recorded.get('name')!r} ({k}={recorded.get(k)}), not for "
+                         f"{ours['name']!r} ({k}={ours[k]}): use the same --target or start a new one")
+
+
+def read_manifest(directory: Path) -> dict:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise EagleError(f"{directory} has no {MANIFEST}: it is not a capture directory; make one with eaglespec capture")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EagleError(f"{path} is not valid JSON ({exc}); rerun eaglespec capture with --overwrite") from exc
+    if manifest.get("format") != FORMAT:
+        raise EagleError(f"{path} has format {manifest.get('format')!r}, this version reads {FORMAT!r}; recapture")
+    return manifest
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    atomic_write_bytes(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+
+
+def _write_shard(directory: Path, index: int, examples: list[Sample]) -> dict:
+    lengths = [len(s.input_ids) for s in examples]
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+    tensors = {
+        "input_ids": torch.cat([s.input_ids for s in examples]).to(torch.int32),
+        "loss_mask": torch.cat([s.loss_mask for s in examples]).to(torch.uint8),
+        "features": torch.cat([s.features for s in examples]).contiguous(),
+        "offsets": offsets,
+    }
+    with atomic_path(directory / shard_name(index)) as tmp:
+        save_file(tensors, tmp)
+    return {"file": shard_name(index), "examples": len(examples), "tokens": int(offsets[-1])}
+
+
+def _clear(directory: Path) -> None:
+    """--overwrite: remove what a capture writes, nothing else."""
+    for path in directory.iterdir():
+        if path.name == MANIFEST or path.suffix == ".tmp" or (path.name.startswith("shard-") and path.suffix == ".safetensors"):
+            path.unlink()
+
+
+def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples: Iterable[Example] | None = None,
+            overwrite: bool = False, progress: bool = True) -> dict:
+    """Capture features for `examples` (default: those of `config`'s data, rendered with the
+    target's tokenizer) into `out_dir`, continuing an interrupted capture. Returns the manifest."""
+    directory = Path(out_dir).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        _clear(directory)
+    options = to_dict(config)
+    identity = target.identity()
+    if (directory / MANIFEST).exists():
+        manifest = read_manifest(directory)
+        check_identity(manifest["target"], target, f"capture directory {directory}")
+        if manifest["options"] != options:
+            diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
+            raise EagleError(f"capture directory {directory} was made with other options ({', '.join(diff)}): "
+                             "rerun with the same options to resume, or pass --overwrite or another --out")
+        if manifest["complete"]:
+            return manifest
+    else:
+        if any(p.name != MANIFEST for p in directory.iterdir() if p.suffix != ".tmp"):
+            raise EagleError(f"{directory} is not empty and holds no capture: pass an empty or new --out")
+        manifest = {"format": FORMAT, "target": identity, "options": options,
+                    "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
+                    "examples": 0, "tokens": 0, "shards": [], "complete": False, "summary": None}
+        _write_manifest(directory, manifest)
+
+    summary = DataSummary()
+    if examples is None:
+        examples = iter_examples(target.tokenizer, config, summary)
+    done = manifest["examples"]
+    storage = STORAGE_DTYPES[config.feature_dtype]
+    bar = tqdm(total=config.max_examples, initial=done, unit="ex", desc="capture", disable=not progress,
+               dynamic_ncols=True)
+    pending: list[Sample] = []
+    with bar:
+        for example in itertools.islice(examples, done, None):
+            features = target.features(example.input_ids[None])[0]  # [T, H]
+            pending.append(Sample(example.input_ids, example.loss_mask, features.to(storage).cpu()))
+            if bar.total is None and summary.available:  # known once the source is read: an upper bound
+                bar.total = min(summary.available, config.max_examples or summary.available)
+            bar.update(1)
+            if len(pending) == config.shard_size:
+                _commit(directory, manifest, pending)
+                pending = []
+                bar.set_postfix(tokens=manifest["tokens"], shards=len(manifest["shards"]))
+        if pending:
+            _commit(directory, manifest, pending)
+    if summary.conversations:  # examples came from our own reader, which counted the whole source
+        check_usable(summary, config)
+        manifest["summary"] = summary.to_dict()
+    if manifest["examples"] == 0:
+        raise EagleError(f"no examples to capture into {directory}")
+    manifest["complete"] = True
+    _write_manifest(directory, manifest)
+    return manifest
+
+
+def _commit(directory: Path, manifest: dict, pending: list[Sample]) -> None:
+    entry = _write_shard(directory, len(manifest["shards"]), pending)
+    manifest["shards"].append(entry)
+    manifest["examples"] += entry["examples"]
+    manifest["tokens"] += entry["tokens"]
+    _write_manifest(directory, manifest)
+
+
+class FeatureDataset:
+    """The examples of a complete capture directory, read lazily (only the rows asked for)."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory).expanduser()
+        self.manifest = read_manifest(self.directory)
+        if not self.manifest["complete"]:
+            raise EagleError(f"capture in {self.directory} is incomplete ({self.manifest['examples']} examples so far): "
+                             "rerun the same eaglespec capture command to finish it")
+        self.identity = self.manifest["target"]
+        self._starts = [0, *itertools.accumulate(s["examples"] for s in self.manifest["shards"])]
+        self._files: dict[int, object] = {}
+        self._offsets: dict[int, torch.Tensor] = {}
+        for shard in self.manifest["shards"]:
+            if not (self.directory / shard["file"]).is_file():
+                raise EagleError(f"{self.directory / shard['file']} is missing: the capture is damaged; recapture with --overwrite")
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _shard(self, k: int):
+        if k not in self._files:
+            handle = safe_open(str(self.directory / self.manifest["shards"][k]["file"]), framework="pt")
+            self._files[k] = handle
+            self._offsets[k] = handle.get_tensor("offsets")
+        return self._files[k], self._offsets[k]
+
+    def _rows(self, index: int):
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        k = bisect.bisect_right(self._starts, index) - 1
+        handle, offsets = self._shard(k)
+        j = index - self._starts[k]
+        return handle, int(offsets[j]), int(offsets[j + 1])
+
+    def tokens(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids [T], loss_mask [T]) without reading the features."""
+        handle, a, b = self._rows(index)
+        return handle.get_slice("input_ids")[a:b].long(), handle.get_slice("loss_mask")[a:b].bool()
+
+    def __getitem__(self, index: int) -> Sample:
+        handle, a, b = self._rows(index)
+        input_ids, loss_mask = self.tokens(index)
+        return Sample(input_ids, loss_mask, handle.get_slice("features")[a:b])
+
+
+class OnlineDataset:
+    """Examples whose features are computed by the target when read: no disk, one target forward
+    per read (training reads each example once per epoch, evaluation once more)."""
+
+    def __init__(self, target, examples: list[Example]):
+        self.target = target
+        self.examples = examples
+        self.identity = target.identity()
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def tokens(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.examples[index].input_ids, self.examples[index].loss_mask
+
+    def __getitem__(self, index: int) -> Sample:
+        example = self.examples[index]
+        return Sample(example.input_ids, example.loss_mask, self.target.features(example.input_ids[None])[0])

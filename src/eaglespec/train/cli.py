@@ -1,0 +1,113 @@
+"""`eaglespec capture` and `eaglespec train`: argparse sub-commands whose options come from
+CaptureConfig / DataConfig / TrainConfig. Handlers raise EagleError for bad input."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import EagleError
+from .config import CaptureConfig, DataConfig, TrainConfig, add_config_arguments, config_from_args, to_dict
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None,
+                   help="target model: a Hugging Face model directory, a .gguf file, or 'smollm2' (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--overwrite", action="store_true", help="replace what an earlier run wrote into --out")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def add_capture_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "capture", help="run the target over conversations and store its features for training",
+        description="Render conversations with the target's chat template, run the target, and store token ids, "
+                    "assistant loss masks and features in sharded safetensors files. Rerunning the same command "
+                    "continues an interrupted capture.")
+    _add_common(p)
+    add_config_arguments(p, CaptureConfig, "capture options")
+    p.set_defaults(func=run_capture)
+    return p
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train", help="train an EAGLE-1 draft head for a target",
+        description="Train an EAGLE-1 head on captured features (--capture-dir) or on features computed on the fly "
+                    "(--online with --data). Resumes from the checkpoint in --out when there is one.")
+    _add_common(p)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--capture-dir", type=Path, help="a directory written by eaglespec capture")
+    source.add_argument("--online", action="store_true", help="compute the target's features during training (no disk)")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="continue from the checkpoint in --out when one exists (default: on)")
+    add_config_arguments(p, DataConfig, "data options (with --online)")
+    add_config_arguments(p, TrainConfig, "training recipe")
+    p.set_defaults(func=run_train)
+    return p
+
+
+def _load_target(args):
+    from ..target import default_dtype, load_target
+
+    return load_target(args.target, dtype=default_dtype(args.device), device=args.device, check=False)
+
+
+def run_capture(args) -> int:
+    from .capture import capture
+    from .data import DataSummary
+
+    config = config_from_args(CaptureConfig, args)
+    target = _load_target(args)
+    manifest = capture(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
+    summary = manifest.get("summary")
+    line = DataSummary(**summary).line() if summary else f"{manifest['examples']} examples"
+    print(f"captured {line}; {manifest['tokens']} tokens in {len(manifest['shards'])} shard(s) in {args.out}")
+    return 0
+
+
+def run_train(args) -> int:
+    from .capture import FeatureDataset, OnlineDataset
+    from .data import load_examples
+    from .trainer import eval_line, train
+
+    config = config_from_args(TrainConfig, args)
+    data = config_from_args(DataConfig, args)
+    if args.capture_dir is not None:
+        if data != DataConfig():
+            raise EagleError("--data, --max-examples, --max-length and --overflow choose the data of --online; "
+                             "with --capture-dir the capture fixed them (recapture to change them)")
+        dataset = FeatureDataset(args.capture_dir)
+        target = _load_target(args)
+        info = {"source": "capture", "tokens": dataset.manifest["tokens"],  # no paths: heads get shipped
+                "capture_options": dataset.manifest["options"], "capture_summary": dataset.manifest["summary"]}
+    else:
+        target = _load_target(args)
+        examples, summary = load_examples(target.tokenizer, data)
+        print(summary.line(), flush=True)
+        dataset = OnlineDataset(target, examples)
+        info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens}
+    result = train(target, dataset, config, args.out, device=args.device, overwrite=args.overwrite,
+                   resume=args.resume, progress=args.progress, data_info=info)
+    if result.final_eval and not args.progress:  # with progress on, the trainer printed it
+        print(eval_line(result.final_eval))
+    print(f"wrote head to {result.out_dir} after {result.steps} steps (metrics: {result.out_dir / 'metrics.jsonl'})")
+    return 0
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (python -m eaglespec.train.cli) until the package CLI registers these."""
+    parser = argparse.ArgumentParser(prog="eaglespec")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_capture_parser(sub)
+    add_train_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except EagleError as exc:
+        parser.exit(2, f"eaglespec {args.command}: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

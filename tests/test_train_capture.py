@@ -1,0 +1,122 @@
+"""Feature capture on a tiny random model: round trip, resumption, refusals, online features."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_target
+from eaglespec.errors import EagleError
+from eaglespec.train.capture import MANIFEST, FeatureDataset, OnlineDataset, capture
+from eaglespec.train.config import CaptureConfig
+from eaglespec.train.data import Example
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: a second thread only adds contention (tenfold on a busy 2-core machine)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def synthetic_examples(n=7, vocab=128, seed=0) -> list[Example]:
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for _ in range(n):
+        t = int(torch.randint(8, 24, (1,), generator=g))
+        mask = torch.zeros(t, dtype=torch.bool)
+        mask[t // 2:] = True
+        examples.append(Example(torch.randint(3, vocab, (t,), generator=g), mask))
+    return examples
+
+
+class Interrupted(Exception):
+    pass
+
+
+class FailingTarget:
+    """The target, interrupted (as by Ctrl-C or a crash) on its `calls`-th forward."""
+
+    def __init__(self, target, calls):
+        self.target, self.calls = target, calls
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def features(self, input_ids):
+        self.calls -= 1
+        if self.calls < 0:
+            raise Interrupted
+        return self.target.features(input_ids)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(dtype=torch.float32, check=False)
+
+
+CONFIG = CaptureConfig(data="synthetic", shard_size=2)
+
+
+def test_round_trip(target, tmp_path):
+    examples = synthetic_examples()
+    manifest = capture(target, CONFIG, tmp_path, examples=examples, progress=False)
+    assert manifest["complete"] and manifest["examples"] == 7 and len(manifest["shards"]) == 4
+    assert manifest["target"] == target.identity() and manifest["feature_dtype"] == "bf16"
+    data = FeatureDataset(tmp_path)
+    assert len(data) == 7
+    for example, sample in zip(examples, (data[i] for i in range(len(data)))):
+        assert torch.equal(sample.input_ids, example.input_ids) and torch.equal(sample.loss_mask, example.loss_mask)
+        assert sample.features.dtype == torch.bfloat16
+        reference = target.features(example.input_ids[None])[0]
+        torch.testing.assert_close(sample.features.float(), reference, rtol=1e-2, atol=1e-2)
+
+
+def test_resumed_capture_equals_uninterrupted(target, tmp_path):
+    examples = synthetic_examples()
+    capture(target, CONFIG, tmp_path / "whole", examples=examples, progress=False)
+    with pytest.raises(Interrupted):
+        capture(FailingTarget(target, calls=5), CONFIG, tmp_path / "cut", examples=examples, progress=False)
+    manifest = json.loads((tmp_path / "cut" / MANIFEST).read_text())
+    assert (manifest["complete"], len(manifest["shards"]), manifest["examples"]) == (False, 2, 4)
+    with pytest.raises(EagleError, match="incomplete"):
+        FeatureDataset(tmp_path / "cut")
+    # The rerun starts at example 4: a target that fails on a fifth forward would show a restart.
+    capture(FailingTarget(target, calls=3), CONFIG, tmp_path / "cut", examples=examples, progress=False)
+    whole, cut = (json.loads((tmp_path / d / MANIFEST).read_text()) for d in ("whole", "cut"))
+    assert whole == cut
+    for shard in whole["shards"]:
+        a, b = (load_file(tmp_path / d / shard["file"]) for d in ("whole", "cut"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list((tmp_path / "cut").glob("*.tmp"))
+
+
+def test_refuses_another_target_or_other_options(target, tmp_path):
+    examples = synthetic_examples()
+    with pytest.raises(Interrupted):
+        capture(FailingTarget(target, calls=2), CONFIG, tmp_path, examples=examples, progress=False)
+    other = tiny_target(seed=1, dtype=torch.float32, check=False)
+    with pytest.raises(EagleError, match="made for target .*fingerprint"):
+        capture(other, CONFIG, tmp_path, examples=examples, progress=False)
+    with pytest.raises(EagleError, match="other options \\(feature_dtype\\)"):
+        capture(target, CaptureConfig(data="synthetic", shard_size=2, feature_dtype="fp16"), tmp_path,
+                examples=examples, progress=False)
+    manifest = capture(target, CaptureConfig(data="synthetic", shard_size=2, feature_dtype="fp32"), tmp_path,
+                       examples=examples, overwrite=True, progress=False)
+    assert manifest["complete"] and FeatureDataset(tmp_path)[0].features.dtype == torch.float32
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(EagleError, match="not empty and holds no capture"):
+        capture(target, CONFIG, tmp_path / "other", examples=examples, progress=False)
+    with pytest.raises(EagleError, match="no manifest.json"):
+        FeatureDataset(tmp_path / "other")
+
+
+def test_online_dataset_computes_the_same_features(target):
+    examples = synthetic_examples(2)
+    data = OnlineDataset(target, examples)
+    assert len(data) == 2 and data.identity == target.identity()
+    assert torch.equal(data[1].features, target.features(examples[1].input_ids[None])[0])

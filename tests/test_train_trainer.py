@@ -1,0 +1,145 @@
+"""Training on tiny random models: the loss falls, resumption is bit-exact, the CLI writes a loadable head."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_model, tiny_target
+from eaglespec.draft.head import EagleHead
+from eaglespec.errors import EagleError
+from eaglespec.train.capture import OnlineDataset
+from eaglespec.train.config import TrainConfig
+from eaglespec.train.trainer import CHECKPOINT, METRICS, PLOT, Trainer, train
+from test_train_capture import Interrupted, one_thread, synthetic_examples  # noqa: F401 (autouse fixture)
+from test_train_data import smol_tokenizer_dir
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(dtype=torch.float32, check=False)
+
+
+@pytest.fixture(scope="module")
+def dataset(target):
+    return OnlineDataset(target, synthetic_examples(10))
+
+
+class FailingDataset:
+    """The data set, interrupted on its `reads`-th read."""
+
+    def __init__(self, dataset, reads):
+        self.dataset, self.reads, self.identity = dataset, reads, dataset.identity
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def tokens(self, i):
+        return self.dataset.tokens(i)
+
+    def __getitem__(self, i):
+        self.reads -= 1
+        if self.reads < 0:
+            raise Interrupted
+        return self.dataset[i]
+
+
+def test_a_few_steps_reduce_the_loss(target, dataset, tmp_path):
+    config = TrainConfig(lr=3e-3, warmup=1, grad_accum=1, epochs=4, noise=0.0, eval_fraction=0.2, log_every=1)
+    trainer = Trainer(target, dataset, config, tmp_path, progress=False)
+    trainer.eval_idx = trainer.train_idx  # random tokens do not generalise: measure the fit
+    before = trainer.evaluate()
+    result = trainer.run()
+    after = result.final_eval
+    assert after["loss"] < 0.9 * before["loss"]
+    assert after["acc_depth1"] > before["acc_depth1"]
+    assert after["step"] == result.steps == 4 * 8
+    assert {"acc_depth1", "acc_depth4"} <= set(after) and 0.0 <= after["acc_depth1"] <= 1.0
+    rows = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
+    assert [r["kind"] for r in rows].count("eval") == 4 and rows == result.history
+    assert (tmp_path / PLOT).stat().st_size > 0 and not (tmp_path / CHECKPOINT).exists()
+    extra = EagleHead.read_extra(tmp_path)
+    assert extra["target"] == target.identity() and extra["steps"] == 32
+
+
+def test_resume_is_bit_exact(target, dataset, tmp_path):
+    config = TrainConfig(lr=1e-3, warmup=2, grad_accum=3, epochs=2, eval_fraction=0.2, checkpoint_every=1, log_every=2)
+    whole = train(target, dataset, config, tmp_path / "whole", progress=False)
+    with pytest.raises(Interrupted):  # in epoch 1 (after 8 reads of epoch 0 and 2 held-out reads), mid-step
+        train(target, FailingDataset(dataset, reads=8 + 2 + 4), config, tmp_path / "cut", progress=False)
+    assert (tmp_path / "cut" / CHECKPOINT).exists()
+    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
+    assert (state["epoch"], state["position"], state["step"]) == (1, 3, 4)
+    with pytest.raises(EagleError, match="other training options \\(lr\\)"):
+        train(target, dataset, TrainConfig(**{**config.__dict__, "lr": 2e-3}), tmp_path / "cut", progress=False)
+    cut = train(target, dataset, config, tmp_path / "cut", progress=False)
+    a, b = whole.head.state_dict(), cut.head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert whole.history == cut.history and whole.steps == cut.steps == 6
+
+
+def test_output_directory_rules(target, dataset, tmp_path):
+    config = TrainConfig(max_steps=1, grad_accum=2, eval_fraction=0.2)
+    train(target, dataset, config, tmp_path, progress=False)
+    with pytest.raises(EagleError, match="not empty.*--overwrite"):
+        train(target, dataset, config, tmp_path, progress=False)
+    (tmp_path / "notes.txt").write_text("kept")
+    train(target, dataset, config, tmp_path, overwrite=True, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "kept"
+    other = tiny_target(seed=1, dtype=torch.float32, check=False)
+    with pytest.raises(EagleError, match="training data was made for target"):
+        Trainer(other, dataset, config, tmp_path / "x", progress=False)
+
+
+def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys):
+    """The whole command line on a tiny random model that carries SmolLM2's tokenizer and template."""
+    from transformers import AutoTokenizer
+
+    from eaglespec.target import load_target
+    from eaglespec.train.cli import main
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_tokenizer_dir(request))
+    model_dir = tmp_path / "model"
+    tiny_model(dtype=torch.float32, vocab_size=len(tokenizer), hidden_size=32).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    rows = [{"conversations": [{"from": "human", "value": f"What is {i} plus {i}?"},
+                               {"from": "gpt", "value": f"{i} plus {i} is {2 * i}."}]} for i in range(6)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--target", str(model_dir), "--no-progress"]
+    assert main(["capture", *common, "--data", str(data), "--out", str(tmp_path / "cap"), "--shard-size", "4"]) == 0
+    assert main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head"),
+                 "--grad-accum", "2", "--eval-fraction", "0.2", "--epochs", "2"]) == 0
+    assert main(["train", *common, "--online", "--data", str(data), "--out", str(tmp_path / "online"),
+                 "--max-steps", "1"]) == 0
+    target = load_target(str(model_dir), check=False)
+    head = EagleHead.from_pretrained(tmp_path / "head", target.config)
+    extra = EagleHead.read_extra(tmp_path / "head")
+    assert extra["steps"] == 4 and extra["split"] == {"train": 4, "eval": 2}
+    assert extra["data"]["capture_options"]["shard_size"] == 4
+    assert isinstance(head, EagleHead)
+    from eaglespec.draft.vocab import load_draft_vocab
+
+    ranked = load_draft_vocab(tmp_path / "head", 8, target.vocab_size)
+    plus = tokenizer.convert_tokens_to_ids("Ġplus")
+    assert plus in ranked.tolist()  # " plus" is in every reply
+    # The engine loads the trained head, and its greedy output is vanilla's (float64: no rounding ties).
+    from eaglespec.decoding import EagleGenerator
+    from test_decoding import assert_same_or_tie
+
+    target64 = load_target(str(model_dir), dtype=torch.float64, check=False)
+    head = EagleHead.from_pretrained(tmp_path / "head", target64.config).to(torch.float64)
+    gen = EagleGenerator(target64, head, "eagle1")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 plus 7?"}],
+                                           add_generation_prompt=True, return_dict=False)
+    vanilla = gen.generate(input_ids=prompt, max_new_tokens=24, speculative=False, stop_token_ids=set())
+    eagle = gen.generate(input_ids=prompt, max_new_tokens=24, stop_token_ids=set())
+    assert len(vanilla.token_ids) == 24
+    assert_same_or_tie(target64, prompt, vanilla.token_ids, eagle.token_ids)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "x"), "--max-length", "9"])
+    assert "choose the data of --online" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", *common, "--online", "--data", str(data), "--out", str(tmp_path / "online")])
+    assert "is not empty and holds no checkpoint to resume: pass --overwrite" in capsys.readouterr().err

@@ -1,0 +1,50 @@
+"""Tree auto-tuning: acceptance calibration, best trees by expected tau, the chosen tree."""
+
+import pytest
+import torch
+from conftest import tiny_target
+from oracle import OracleDrafter
+
+from eaglespec.decoding import EagleGenerator
+from eaglespec.draft.head import EagleHead
+from eaglespec.tuning import AcceptanceStats, best_trees, calibrate, calibration_tree, tune
+
+PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
+
+
+def test_best_trees_take_nodes_by_path_probability():
+    stats = AcceptanceStats(((0.8, 0.1), (0.5, 0.05)), steps=1)
+    trees = best_trees(stats, 4)
+    assert [paths for paths, _ in trees][-1] == ((0,), (0, 0), (1,), (1, 0))  # 0.1 * 0.5 > 0.8 * 0.05
+    taus = [tau for _, tau in trees]
+    assert taus == pytest.approx([1.8, 2.2, 2.3, 2.35])
+
+
+def test_stats_round_trip(tmp_path):
+    stats = AcceptanceStats(((0.5, 0.25),), steps=7)
+    stats.save(tmp_path)
+    assert AcceptanceStats.load(tmp_path) == stats
+    assert AcceptanceStats.load(tmp_path / "nothing") is None
+
+
+def test_calibration_with_an_always_right_drafter():
+    target = tiny_target("llama")
+    tree = calibration_tree()
+    gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPT, tree.parents.tolist()))
+    stats = calibrate(gen, [PROMPT], max_new_tokens=120, stop_token_ids=set())
+    p = torch.tensor(stats.p)
+    assert stats.steps > 0
+    assert torch.all(p[:, 0] == 1.0)        # rank 0 is always the target's token
+    assert torch.all(p[:, 1:] < 0.2)        # random siblings almost never are
+
+
+def test_tune_prefers_a_chain_when_only_rank_zero_is_ever_right():
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    gen = EagleGenerator(target, EagleHead(target.config).to(target.dtype), "eagle1")
+    stats = AcceptanceStats(tuple((1.0, 0.0, 0.0) for _ in range(4)), steps=1)
+    tuned = tune(gen, stats, sizes=(1, 2, 4), reps=1)
+    assert all(set(path) == {0} for path in tuned.tree.paths)  # a chain
+    assert tuned.predicted_tau == 1 + tuned.tree.num_nodes - 1
+    assert [row[0] for row in tuned.table] == [1, 2, 4]
+    assert "auto tree" in tuned.describe()
