@@ -143,3 +143,15 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     with pytest.raises(SystemExit):
         main(["train", *common, "--online", "--data", str(data), "--out", str(tmp_path / "online")])
     assert "is not empty and holds no checkpoint to resume: pass --overwrite" in capsys.readouterr().err
+
+
+def test_reduced_loss_vocabulary_uses_the_most_frequent_rows(target, dataset, tmp_path):
+    config = TrainConfig(lr=3e-3, warmup=1, grad_accum=1, epochs=2, noise=0.0, eval_fraction=0.2, loss_vocab=16)
+    trainer = Trainer(target, dataset, config, tmp_path, progress=False)
+    keep = torch.sort(trainer.counts, descending=True, stable=True).indices[:16]
+    assert trainer.lm_head.weight.shape == (16, target.hidden_size)
+    torch.testing.assert_close(trainer.lm_head.weight, target.lm_head.weight[keep])
+    before = trainer.evaluate()
+    after = trainer.run().final_eval
+    assert after["token_loss"] < before["token_loss"]
+    assert Trainer(target, dataset, TrainConfig(), tmp_path / "full", progress=False).lm_head is target.lm_head

@@ -46,12 +46,25 @@ class DynamicTreeSpec:
         return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"
 
 
-TREE_HELP = "eagle1 (EAGLE-1's 25-node tree), chain:N (N draft tokens in a row), dynamic[:K,D,N] (EAGLE-2, top-k K, depth D, N nodes), none (vanilla)"
+TREE_HELP = ("eagle1 (EAGLE-1's 25-node tree), chain:N (N draft tokens in a row), dynamic[:K,D,N] (EAGLE-2, top-k K, "
+             "depth D, N nodes), FILE.json (a list of paths such as [[0], [1], [0, 0]]), none (vanilla)")
 
 
 def parse_tree(text: str):
-    """'eagle1' | 'chain:N' | 'dynamic' | 'dynamic:K,D,N' | 'none' -> StaticTree | DynamicTreeSpec | None."""
+    """'eagle1' | 'chain:N' | 'dynamic' | 'dynamic:K,D,N' | 'FILE.json' | 'none' -> StaticTree | DynamicTreeSpec | None."""
+    import json
+    from pathlib import Path
+
     from .tree import EAGLE1_TREE, chain, static_tree
+
+    if text.endswith(".json"):
+        try:
+            paths = json.loads(Path(text).read_text())
+            return static_tree([tuple(int(r) for r in path) for path in paths])
+        except OSError as exc:
+            raise EagleError(f"tree file {text} cannot be read ({exc.strerror})") from exc
+        except (TypeError, ValueError) as exc:
+            raise EagleError(f"tree file {text} is not a JSON list of paths like [[0], [1], [0, 0]] ({exc})") from exc
 
     name, _, arg = text.strip().partition(":")
     try:

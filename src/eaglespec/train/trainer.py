@@ -118,6 +118,8 @@ class Trainer:
             self.total_steps = min(self.total_steps, config.max_steps)
         self._resume = prepare_out_dir(self.out_dir, overwrite, resume)
 
+        self.counts = vocab.count_tokens((dataset.tokens(i) for i in self.train_idx), target.vocab_size)
+        self.lm_head = self._loss_lm_head(config.loss_vocab)
         torch.manual_seed(config.seed)
         self.head = EagleHead(target.config).to(self.device, torch.float32)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
@@ -127,6 +129,20 @@ class Trainer:
         self.noise_rng = torch.Generator(device=self.device).manual_seed(config.seed + 1)
         self.step, self.epoch, self.position, self.history = 0, 0, 0, []
         self.window: list[list[float]] = []  # per-step [loss, feature, token] since the last train row
+
+    def _loss_lm_head(self, size: int | None) -> torch.nn.Module:
+        """The target's LM head, or its rows for the `size` most frequent training tokens: p and q
+        are then both renormalised over that draft vocabulary, as the drafter uses it."""
+        full = self.target.lm_head
+        if size is None or size >= self.target.vocab_size:
+            return full
+        keep = torch.sort(self.counts, descending=True, stable=True).indices[:size]
+        sliced = torch.nn.Linear(full.in_features, size, bias=full.bias is not None).to(full.weight.device, full.weight.dtype)
+        with torch.no_grad():
+            sliced.weight.copy_(full.weight[keep])
+            if full.bias is not None:
+                sliced.bias.copy_(full.bias[keep])
+        return sliced.requires_grad_(False)
 
     def autocast(self):
         """bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU, which has no bf16 kernels."""
@@ -142,7 +158,7 @@ class Trainer:
     def _loss(self, inputs: HeadInputs, features: torch.Tensor):
         with self.autocast():
             predicted = self.head(inputs.embeds, features)
-            return eagle_loss(predicted, inputs.target, inputs.mask, self.target.lm_head,
+            return eagle_loss(predicted, inputs.target, inputs.mask, self.lm_head,
                               self.config.feature_loss_weight, self.config.token_loss_weight)
 
     def _noisy(self, features: torch.Tensor) -> torch.Tensor:
@@ -204,7 +220,7 @@ class Trainer:
             inputs = self._inputs(index)
             parts = self._loss(inputs, inputs.features)
             with self.autocast():
-                for k, h in enumerate(rollout_correct(self.head, inputs, self.target.lm_head, c.eval_depths)):
+                for k, h in enumerate(rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)):
                     hits[k] += h
             feature += float(parts.feature_loss) * parts.positions
             token += float(parts.token_loss) * parts.positions
@@ -287,8 +303,7 @@ class Trainer:
             "final_eval": last_eval(self.history),
         }
         self.head.save_pretrained(self.out_dir, extra=extra)
-        counts = vocab.count_tokens((self.dataset.tokens(i) for i in self.train_idx), self.target.vocab_size)
-        vocab.save_draft_vocab(self.out_dir, counts)
+        vocab.save_draft_vocab(self.out_dir, self.counts)
         self._write_metrics(plot=True)
         (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
         return TrainResult(self.head, self.out_dir, self.step, list(self.history))
