@@ -28,6 +28,7 @@ def test_llama_head_has_the_published_eagle1_names(tmp_path):
     assert sd["fc.weight"].shape == (64, 128) and sd["fc.bias"].shape == (64,)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["num_hidden_layers"] == 1 and saved["hidden_size"] == 64 and saved["eaglespec"] == {"note": "x"}
+    assert saved["architectures"] == ["LlamaForCausalLM"] and saved["bias"] is True
 
 
 @pytest.mark.parametrize("arch", ARCHS)

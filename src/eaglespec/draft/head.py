@@ -92,8 +92,13 @@ class EagleHead(nn.Module):
         model.safetensors, each written atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
         cfg = self.target_config.to_dict()
-        cfg.update(num_hidden_layers=1, bias=True)
+        # The published EAGLE-1 heads carry the target's config with one layer and `bias: true`;
+        # vLLM and SGLang pick their EAGLE model class from `architectures`.
+        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.get("model_type"))
+        cfg.update(num_hidden_layers=1, bias=True, architectures=cfg.get("architectures") or ([arch] if arch else None))
         cfg.pop("layer_types", None)
         if extra:
             cfg["eaglespec"] = extra
