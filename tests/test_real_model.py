@@ -39,7 +39,7 @@ def test_eagle_greedy_equals_vanilla_on_smollm2(generator, prompt, tree):
     vanilla = generator.generate(input_ids=ids, max_new_tokens=48, speculative=False)
     eagle = generator.generate(input_ids=ids, max_new_tokens=48, tree=tree)
     assert vanilla.token_ids == eagle.token_ids or first_divergence_is_a_tie(generator, ids, vanilla.token_ids, eagle.token_ids)
-    assert eagle.steps and all(s.tree_size > 1 for s in eagle.steps)
+    assert eagle.steps and all(s.tree_size > 1 for s in eagle.steps[:-1])
 
 
 def test_chat_template_is_applied(generator):

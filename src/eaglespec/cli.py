@@ -181,7 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     args = build_parser().parse_args(argv)
+    if os.environ.get("EAGLESPEC_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["EAGLESPEC_NUM_THREADS"]))
     try:
         return args.func(args)
     except EagleError as exc:

@@ -9,6 +9,7 @@ entries and features are kept, and the target's next token (bonus or recovered) 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -61,8 +62,7 @@ class GenerationResult:
     def tau(self) -> float:
         """Average acceptance length: tokens per verification step, bonus token included. The
         first token comes from the prefill and is not counted."""
-        steps = [s for s in self.steps]
-        return sum(s.emitted for s in steps) / len(steps) if steps else 0.0
+        return sum(s.emitted for s in self.steps) / len(self.steps) if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -117,9 +117,11 @@ class EagleGenerator:
         if head == "default":
             head_dir = default_head_dir(tm)
             if head_dir is None:
-                torch.manual_seed(0)
-                model = EagleHead(tm.config)
+                with torch.random.fork_rng():
+                    torch.manual_seed(0)
+                    model = EagleHead(tm.config)
                 note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
+                warnings.warn(note, stacklevel=2)
         else:
             head_dir = Path(head)
         if head_dir is not None:
@@ -160,11 +162,13 @@ class EagleGenerator:
 
     # -- the loop -----------------------------------------------------------------------------
     def _drafter(self, tree) -> Drafter | None:
+        if tree is None:
+            return None
         if self.drafter is not None:
             return self.drafter
-        if self.head is None or tree is None:
+        if self.head is None:
             return None
-        key = str(tree) if isinstance(tree, DynamicTreeSpec) else id(tree)
+        key = str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths
         if key not in self._drafters:
             self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab)
         return self._drafters[key]
@@ -178,8 +182,12 @@ class EagleGenerator:
         observe(tree, target_logits [N, V], acceptance) sees every verification (tree tuning)."""
         if max_new_tokens <= 0:
             raise EagleError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if isinstance(input_ids, torch.Tensor):  # HF users pass [1, T] tensors
+            input_ids = input_ids.flatten().tolist()
         if not input_ids:
             raise EagleError("the prompt is empty")
+        if min(input_ids) < 0 or max(input_ids) >= self.target.vocab_size:
+            raise EagleError(f"prompt token ids must be in [0, {self.target.vocab_size}), got {min(input_ids)}..{max(input_ids)}")
         n = len(input_ids)
         if n >= self.target.max_context:
             raise EagleError(f"the prompt has {n} tokens, the model's context is {self.target.max_context}: shorten the prompt")
@@ -208,20 +216,21 @@ class EagleGenerator:
 
         while True:
             past = cache_length(cache)
-            if drafter is not None and past + drafter.max_nodes <= target.max_context:
+            if drafter is not None and past + drafter.max_nodes <= target.max_context and produced + 1 < budget:
                 dt = drafter.draft(draft_state, pending_tokens, pending_features, root)
-            else:
+            else:  # vanilla, or too close to the end to draft (and it stays so: the head is done)
+                drafter = None
                 dt = DraftTree(torch.tensor([root], device=target.device), _ROOT_ONLY, torch.zeros(1))
-                if drafter is not None:  # too close to the context end to draft: keep the head cache in step
-                    drafter.draft(draft_state, pending_tokens, pending_features, root)
             b = dt.buffers
             tree_features = target.forward(dt.tokens[None], cache, b.tree_mask, b.tree_position_ids)[0]  # [N, H]
             logits = target.logits(tree_features)  # [N, V]
             if sampling.greedy:
                 acc = verify_greedy(dt.tokens, logits, b.retrieve_indices.to(logits.device))
             else:
-                probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                acc = verify_sampling(dt.tokens, probs, b.parents, generator)
+                def probs_at(node: int) -> torch.Tensor:
+                    return logits_to_probs(logits[node], sampling.temperature, sampling.top_k, sampling.top_p)
+
+                acc = verify_sampling(dt.tokens, probs_at, b.parents, generator)
             if observe is not None:
                 observe(dt, logits, acc)
             keep_path(cache, past, acc.path.to(target.device))

@@ -48,9 +48,12 @@ def keep_path(cache: DynamicCache, start: int, path: torch.Tensor) -> None:
         return
     index = path.to(torch.long) + start
     for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or layer.keys is None:
+        if type(layer) is not DynamicLayer:  # a layer we cannot edit would keep stale tree entries
+            raise EagleError(f"cannot compact a {type(layer).__name__} cache layer; only full (DynamicLayer) caches are supported")
+        if layer.keys is None:
             continue
         for name in ("keys", "values"):
             t = getattr(layer, name)  # [B, heads, S, d]
-            kept = t.index_select(2, index.to(t.device))
-            setattr(layer, name, torch.cat([t[:, :, :start], kept], dim=2))
+            # the path only moves entries towards `start`: gather, write in place, keep a view
+            t[:, :, start:start + n] = t.index_select(2, index.to(t.device))
+            setattr(layer, name, t[:, :, :start + n])

@@ -8,9 +8,9 @@ forward equals per-branch causal forwards.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +113,8 @@ class TargetModel:
         past = cache_length(cache) if cache is not None else 0
         t = input_ids.shape[1]
         if tree_mask is None:
-            mask = causal_mask(past, t, self.dtype, self.device)
+            # a prefill needs no mask of ours (HF's causal path avoids a [T, T] float mask)
+            mask = None if past == 0 else causal_mask(past, t, self.dtype, self.device)
             positions = torch.arange(past, past + t, device=self.device)
         else:
             mask = tree_attention_mask(past, tree_mask.to(self.device), self.dtype)
@@ -179,38 +180,40 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
 
     folder, gguf = resolve_target(name_or_path)
     kwargs = {"gguf_file": gguf} if gguf else {"local_files_only": True}
+    bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    _quiet_gguf_progress()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        with _quiet_gguf_progress():
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     except OSError as exc:
         raise EagleError(f"could not load target {name_or_path or DEFAULT_TARGET!r}: {exc}") from exc
     finally:
-        hf_logging.enable_progress_bar()
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     target = TargetModel(model.to(device), tokenizer, name=name_or_path or DEFAULT_TARGET)
     if check:
         target.check_tree_forward()
     return target
 
 
-def _quiet_gguf_progress() -> None:
-    """transformers' GGUF dequantizer draws its own tqdm bar, outside its logging switches."""
+@contextlib.contextmanager
+def _quiet_gguf_progress():
+    """transformers' GGUF dequantizer draws its own tqdm bar, outside its logging switches:
+    silence it while we load, then put it back."""
     import functools
 
-    from tqdm.auto import tqdm
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
     try:
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:
-        return
-    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def default_dtype(device: str) -> torch.dtype:
     """fp32 on CPU (no native bf16 matrix kernels there); bf16 on CUDA."""
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
-
-if os.environ.get("EAGLESPEC_NUM_THREADS"):
-    torch.set_num_threads(int(os.environ["EAGLESPEC_NUM_THREADS"]))

@@ -20,6 +20,8 @@ and by induction along the accepted path the whole output is distributed as the 
 
 from dataclasses import dataclass
 
+from typing import Callable
+
 import torch
 
 
@@ -58,15 +60,17 @@ def verify_greedy(
 
 def verify_sampling(
     tree_tokens: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | Callable[[int], torch.Tensor],
     parents: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> Acceptance:
     """Multi-round speculative sampling over siblings with point-mass draft proposals.
 
-    tree_tokens: [N] long (node 0 = root); target_probs: [N, V], p at each node; parents: [N] long,
-    topologically ordered, siblings in draft-rank order.
+    tree_tokens: [N] long (node 0 = root); target_probs: [N, V], p at each node, or a function
+    node -> p [V] (only the a+1 visited nodes need p: top-p sorts the vocabulary, per node);
+    parents: [N] long, topologically ordered, siblings in draft-rank order.
     """
+    probs_at = target_probs if callable(target_probs) else target_probs.__getitem__
     n = tree_tokens.numel()
     tokens = tree_tokens.tolist()
     children: list[list[int]] = [[] for _ in range(n)]
@@ -76,7 +80,8 @@ def verify_sampling(
     path = [0]
     node = 0
     while True:
-        p = target_probs[node].clone()  # [V]
+        p0 = probs_at(node)  # [V]
+        p = p0.clone()
         accepted = None
         for child in children[node]:
             token = tokens[child]
@@ -87,7 +92,7 @@ def verify_sampling(
             p[token] = 0.0
             total = p.sum()
             # Only a p that was not normalised to begin with can leave nothing behind.
-            p = p / total if bool(total > 0) else target_probs[node].clone()
+            p = p / total if bool(total > 0) else p0.clone()
         if accepted is None:
             next_token = int(torch.multinomial(p, 1, generator=generator))
             break

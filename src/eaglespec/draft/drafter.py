@@ -42,7 +42,6 @@ class _Growth:
         self.parents = [-1]
         self.scores = [0.0]
         self.depths = [0]
-        self.ancestors = [torch.zeros(0, dtype=torch.bool)]  # ancestor-or-self flags, grown lazily
         self.out = {0: root_feature}  # node -> head output (predicted feature whose LM head gives its children)
         self.slots: list[int] = []    # nodes in head-cache order (processed tree nodes)
         self.device = device
@@ -73,14 +72,20 @@ class Drafter:
         self.head = head.eval()
         self.target = target
         self.tree = tree
-        self.draft_vocab = draft_vocab
         weight = target.lm_head.weight  # [V, H]
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(weight.device)
         self.draft_lm_weight = weight if draft_vocab is None else weight[draft_vocab].contiguous()
         self.draft_lm_bias = getattr(target.lm_head, "bias", None)
         if self.draft_lm_bias is not None and draft_vocab is not None:
             self.draft_lm_bias = self.draft_lm_bias[draft_vocab]
         if isinstance(tree, StaticTree):
             self.max_nodes = tree.num_nodes
+            topk = tree.topk_per_node().tolist()
+            # per depth: the nodes that get children, and the children (node, parent, rank) to create
+            self._levels = [([n for n in tree.level(d).tolist() if topk[n] > 0],
+                             [(c, int(tree.parents[c]), int(tree.ranks[c])) for c in tree.level(d + 1).tolist()])
+                            for d in range(tree.depth)]
+            self._k = max(topk)
         else:
             self.max_nodes = tree.total_tokens + 1
 
@@ -119,10 +124,11 @@ class Drafter:
         g = _Growth(root, out[-1], device)
         if isinstance(self.tree, StaticTree):
             self._grow_static(state, g, real)
-            keep = torch.arange(len(g.tokens))
-        else:
-            keep = self._grow_dynamic(state, g, real)
-        crop(state.cache, real)  # forget the pairs built from predicted features
+            crop(state.cache, real)  # forget the pairs built from predicted features
+            tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
+            return DraftTree(tokens, self.tree.buffers, torch.tensor(g.scores))
+        keep = self._grow_dynamic(state, g, real)
+        crop(state.cache, real)
         return self._finish(g, keep, device)
 
     def _expand(self, state: DraftState, g: _Growth, nodes: list[int], real: int) -> None:
@@ -142,22 +148,16 @@ class Drafter:
         g.slots.extend(nodes)
 
     def _grow_static(self, state: DraftState, g: _Growth, real: int) -> None:
-        tree: StaticTree = self.tree
-        topk = tree.topk_per_node().tolist()
-        ranks, parents = tree.ranks.tolist(), tree.parents.tolist()
-        k = max(topk)
-        for d in range(tree.depth):
-            level = tree.level(d).tolist()
-            expand = [n for n in level if topk[n] > 0]
+        for d, (expand, children) in enumerate(self._levels):
             if d > 0:
                 self._expand(state, g, expand, real)
             logp = self._draft_logprobs(torch.stack([g.out[n] for n in expand]))
-            top_lp, top_ids = logp.topk(k, dim=-1)
-            top_ids = self._to_target_ids(top_ids)
+            top_lp, top_ids = logp.topk(self._k, dim=-1)
+            top_lp, top_ids = top_lp.tolist(), self._to_target_ids(top_ids).tolist()
             row = {n: i for i, n in enumerate(expand)}
-            for child in tree.level(d + 1).tolist():
-                r, par = row[parents[child]], parents[child]
-                node = g.add(int(top_ids[r, ranks[child]]), par, g.scores[par] + float(top_lp[r, ranks[child]]))
+            for child, par, rank in children:
+                r = row[par]
+                node = g.add(top_ids[r][rank], par, g.scores[par] + top_lp[r][rank])
                 assert node == child, "static tree levels must be contiguous and ordered"
 
     def _grow_dynamic(self, state: DraftState, g: _Growth, real: int) -> torch.Tensor:
@@ -168,13 +168,10 @@ class Drafter:
                 self._expand(state, g, frontier, real)
             logp = self._draft_logprobs(torch.stack([g.out[n] for n in frontier]))  # [F, Vd]
             top_lp, top_ids = logp.topk(spec.top_k, dim=-1)
-            top_ids = self._to_target_ids(top_ids)
             base = torch.tensor([g.scores[n] for n in frontier], device=logp.device)[:, None]
             cum = (base + top_lp).flatten()  # [F * k]
-            created = []
-            for i, n in enumerate(frontier):
-                for j in range(spec.top_k):
-                    created.append(g.add(int(top_ids[i, j]), n, float(base[i, 0] + top_lp[i, j])))
+            ids, cum_list = self._to_target_ids(top_ids).flatten().tolist(), cum.tolist()
+            created = [g.add(ids[i], frontier[i // spec.top_k], cum_list[i]) for i in range(len(ids))]
             best = cum.topk(min(spec.top_k, cum.numel())).indices.tolist()
             frontier = [created[b] for b in sorted(best)]
         candidates = torch.tensor(g.scores[1:])
