@@ -18,10 +18,11 @@ BASELINE = "vanilla"
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 PROMPT_LOOKUP_TOKENS = 10
-DEFAULT_METHODS = "vanilla,eagle1,chain,dynamic,hf,pld"
+DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
     "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
-    "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, default (the --tree of the generator), "
+    "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, auto (the tree tuned for this machine), "
+    "default (the --tree of the generator), "
     f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy). Default: {DEFAULT_METHODS}"
 )
 _ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP}
@@ -131,7 +132,8 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
                 continue
             methods.append(HFMethod(gen, name, PROMPT_LOOKUP_TOKENS if name == HF_PROMPT_LOOKUP else None))
         else:
-            tree = parse_tree(name)  # once per method: the generator caches a drafter per tree object
+            # once per method: the generator caches a drafter per tree
+            tree = gen.tree if name == "auto" else parse_tree(name)
             if tree is None:
                 raise EagleError(f"method {name!r} is vanilla decoding; use 'vanilla'. {METHODS_HELP}")
             if gen.head is None and gen.drafter is None:
