@@ -8,7 +8,7 @@ from tiny_tokenizer import tiny_chat_generator
 
 from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
-from eaglespec.serve.text import TextStream
+from eaglespec.text import TextStream
 
 openai = pytest.importorskip("openai")
 

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from .config import SamplingParams
 from .errors import EagleError
-from .serve.text import TextStream
+from .text import TextStream
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D) to leave; Ctrl-C stops a reply"
 

@@ -55,6 +55,7 @@ def load_generator(args):
 
 def cmd_generate(args) -> int:
     from .config import SamplingParams
+    from .text import TextStream
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:
@@ -62,17 +63,16 @@ def cmd_generate(args) -> int:
     check_model_args(args)
     gen = load_generator(args)
     ids = gen.encode(args.prompt, chat_template=not args.no_chat_template)
-    tok = gen.target.tokenizer
+    text = TextStream(gen.decode)
     start = time.perf_counter()
     out, steps = [], []
     for i, step in enumerate(gen.stream(ids, args.max_new_tokens, sampling)):
-        before = tok.decode(out, skip_special_tokens=True)
         out.extend(step.tokens)
-        print(tok.decode(out, skip_special_tokens=True)[len(before):], end="", flush=True)
+        print(text.push(step.tokens), end="", flush=True)
         if i:
             steps.append(step.stats)
     elapsed = time.perf_counter() - start
-    print()
+    print(text.flush())
     tau = sum(s.emitted for s in steps) / len(steps) if steps else 0.0
     rate = len(out) / elapsed
     tree = args.tree if gen.tuned is None else f"auto ({gen.tuned.tree.num_nodes - 1} nodes)"

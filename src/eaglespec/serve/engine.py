@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams
-from .text import TextStream
+from ..text import TextStream
 
 
 @dataclass(frozen=True)
