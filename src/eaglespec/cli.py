@@ -135,9 +135,10 @@ def cmd_tune(args) -> int:
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     tuned = tune(gen, stats)
-    print("  nodes  tau   step ms  speedup (predicted)")
-    for n, tau, cost, speedup in tuned.table:
-        print(f"  {n:5d} {tau:5.2f} {cost * 1000:8.1f} {speedup:7.2f}x")
+    print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
+    print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
+    for n, tau, draft, verify, speedup in tuned.table:
+        print(f"  {n:5d} {tau:5.2f} {draft * 1000:9.1f} {verify * 1000:10.1f} {verify / tuned.vanilla:15.2f} {speedup:9.2f}x")
     print(tuned.describe())
     return 0
 

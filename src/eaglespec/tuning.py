@@ -118,37 +118,38 @@ def _timed(fn, reps: int) -> float:
 
 
 @torch.no_grad()
-def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 3) -> tuple[float, dict[int, float]]:
-    """-> (vanilla step seconds, {N: draft + verify seconds}) on a cache of `context` tokens."""
+def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256,
+                       reps: int = 3) -> tuple[float, dict[int, tuple[float, float]]]:
+    """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}) on a cache of `context` tokens."""
+    from .kv_cache import crop
+
     target = gen.target
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     cache = target.new_cache()
     features = target.forward(prompt, cache)[0]
     base = cache.get_seq_length()
-    from .kv_cache import crop
 
-    def verify(n):
+    def verify(tree: StaticTree | None):
+        n = 1 if tree is None else tree.num_nodes
         tokens = torch.randint(0, target.vocab_size, (1, n), generator=g)
-        mask = torch.ones(n, n, dtype=torch.bool).tril()
-        target.logits(target.forward(tokens, cache, mask, torch.arange(n)))
+        mask = torch.ones(1, 1, dtype=torch.bool) if tree is None else tree.buffers.tree_mask
+        depth = torch.zeros(1, dtype=torch.long) if tree is None else tree.buffers.tree_position_ids
+        target.logits(target.forward(tokens, cache, mask, depth))
         crop(cache, base)
 
-    vanilla = _timed(lambda: verify(1), reps)
+    vanilla = _timed(lambda: verify(None), reps)
     costs = {}
     for n, tree in trees.items():
         drafter = Drafter(gen.head, target, tree, gen.draft_vocab)
         state = drafter.new_state()
-        drafter.draft(state, prompt[0, 1:], features[:-1], int(prompt[0, -1]))
+        drafter.draft(state, prompt[0, 1:-1], features[:-2], int(prompt[0, -2]))  # the head's cache: context - 2 pairs
 
-        def step():
-            from .kv_cache import crop as crop_head
+        def draft():
+            drafter.draft(state, prompt[0, -1:], features[-2:-1], int(prompt[0, -1]))
+            crop(state.cache, context - 2)
 
-            crop_head(state.cache, context - 2)
-            drafter.draft(state, prompt[0, -1:], features[-1:], int(prompt[0, -1]))
-            verify(tree.num_nodes)
-
-        costs[n] = _timed(step, reps)
+        costs[n] = (_timed(draft, reps), _timed(lambda: verify(tree), reps))
     return vanilla, costs
 
 
@@ -157,7 +158,8 @@ class TunedTree:
     tree: StaticTree
     predicted_tau: float
     predicted_speedup: float
-    table: list[tuple[int, float, float, float]]  # (N, tau, step seconds, speedup)
+    table: list[tuple[int, float, float, float, float]]  # (N, tau, draft s, verify s, predicted speedup)
+    vanilla: float  # seconds of one vanilla step
 
     def describe(self) -> str:
         paths = [list(p) for p in self.tree.paths]
@@ -172,8 +174,8 @@ def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3) -> TunedTree:
     trees = {n: static_tree(candidates[n - 1][0]) for n in sizes if n <= len(candidates)}
     vanilla, costs = measure_step_costs(gen, trees, reps=reps)
     table = []
-    for n, tree in trees.items():
-        tau = candidates[n - 1][1]
-        table.append((n, tau, costs[n], tau / costs[n] * vanilla))
-    best = max(table, key=lambda row: row[3])
-    return TunedTree(trees[best[0]], best[1], best[3], table)
+    for n in trees:
+        tau, (draft, verify) = candidates[n - 1][1], costs[n]
+        table.append((n, tau, draft, verify, tau * vanilla / (draft + verify)))
+    best = max(table, key=lambda row: row[4])
+    return TunedTree(trees[best[0]], best[1], best[4], table, vanilla)
