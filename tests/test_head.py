@@ -64,7 +64,7 @@ def test_missing_and_malformed_head_dirs(tmp_path):
     with pytest.raises(EagleError, match="not valid JSON"):
         EagleHead.from_pretrained(tmp_path, cfg)
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(EagleError, match="safetensors"):
+    with pytest.raises(EagleError, match="not a readable weights file"):
         EagleHead.from_pretrained(tmp_path, cfg)
 
 
@@ -85,3 +85,17 @@ def test_head_for_another_target_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(EagleError, match="missing tensors"):
         EagleHead.from_pretrained(tmp_path, tiny_config("llama", hidden_size=32))
+
+
+def test_official_pytorch_model_bin_loads_without_unpickling_code(tmp_path):
+    cfg = tiny_config("llama")
+    torch.manual_seed(0)
+    head = EagleHead(cfg)
+    head.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(head.eagle_state_dict(), tmp_path / "pytorch_model.bin")
+    again = EagleHead.from_pretrained(tmp_path, cfg)
+    torch.testing.assert_close(again.fc.weight, head.fc.weight)
+    torch.save({"fc.weight": object()}, tmp_path / "pytorch_model.bin")  # a pickled object: refused
+    with pytest.raises(EagleError, match="not a readable weights file"):
+        EagleHead.from_pretrained(tmp_path, cfg)

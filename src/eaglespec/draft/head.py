@@ -24,6 +24,7 @@ from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 
 WEIGHTS = "model.safetensors"
+LEGACY_WEIGHTS = "pytorch_model.bin"
 CONFIG = "config.json"
 
 
@@ -111,9 +112,12 @@ class EagleHead(nn.Module):
         directory = Path(directory)
         if not directory.is_dir():
             raise EagleError(f"head directory {directory} does not exist: pass --head DIR (a folder with config.json and model.safetensors)")
-        for name in (CONFIG, WEIGHTS):
-            if not (directory / name).is_file():
-                raise EagleError(f"head directory {directory} has no {name}: it is not an EAGLE head (expected config.json + model.safetensors)")
+        weights = directory / WEIGHTS
+        if not weights.is_file() and (directory / LEGACY_WEIGHTS).is_file():
+            weights = directory / LEGACY_WEIGHTS  # the official EAGLE-1 releases
+        for path in (directory / CONFIG, weights):
+            if not path.is_file():
+                raise EagleError(f"head directory {directory} has no {path.name}: it is not an EAGLE head (expected config.json + model.safetensors)")
         try:
             cfg = json.loads((directory / CONFIG).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -123,9 +127,12 @@ class EagleHead(nn.Module):
             if theirs is not None and theirs != ours:
                 raise EagleError(f"head {directory} has {key}={theirs} but the target has {key}={ours}: it was trained for another target")
         try:
-            sd = load_file(directory / WEIGHTS)
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise EagleError(f"{directory / WEIGHTS} is not a readable safetensors file ({exc}); re-export the head") from exc
+            if weights.name == LEGACY_WEIGHTS:  # tensors only: never unpickle code
+                sd = torch.load(weights, map_location="cpu", weights_only=True)
+            else:
+                sd = load_file(weights)
+        except Exception as exc:  # safetensors / torch raise their own error types for corrupt files
+            raise EagleError(f"{weights} is not a readable weights file ({exc}); re-export the head") from exc
         head = cls(target_config)
         head.load_eagle_state_dict(sd, source=str(directory))
         return head
