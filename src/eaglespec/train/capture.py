@@ -162,14 +162,15 @@ def _commit(directory: Path, manifest: dict, pending: list[Sample]) -> None:
 
 
 class FeatureDataset:
-    """The examples of a complete capture directory, read lazily (only the rows asked for)."""
+    """The examples of a capture directory, read lazily (only the rows asked for). An unfinished
+    capture is refused unless `partial`: then its complete shards are used."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, partial: bool = False):
         self.directory = Path(directory).expanduser()
         self.manifest = read_manifest(self.directory)
-        if not self.manifest["complete"]:
+        if not self.manifest["complete"] and not (partial and self.manifest["shards"]):
             raise EagleError(f"capture in {self.directory} is incomplete ({self.manifest['examples']} examples so far): "
-                             "rerun the same eaglespec capture command to finish it")
+                             "rerun the same eaglespec capture command to finish it, or pass --partial to train on them")
         self.identity = self.manifest["target"]
         self._starts = [0, *itertools.accumulate(s["examples"] for s in self.manifest["shards"])]
         self._files: dict[int, object] = {}

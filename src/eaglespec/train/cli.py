@@ -40,6 +40,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--capture-dir", type=Path, help="a directory written by eaglespec capture")
     source.add_argument("--online", action="store_true", help="compute the target's features during training (no disk)")
+    p.add_argument("--partial", action="store_true",
+                   help="train on the complete shards of an unfinished capture (an interrupted `eaglespec capture`)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from the checkpoint in --out when one exists (default: on)")
     add_config_arguments(p, DataConfig, "data options (with --online)")
@@ -78,7 +80,7 @@ def run_train(args) -> int:
         if data != DataConfig():
             raise EagleError("--data, --max-examples, --max-length and --overflow choose the data of --online; "
                              "with --capture-dir the capture fixed them (recapture to change them)")
-        dataset = FeatureDataset(args.capture_dir)
+        dataset = FeatureDataset(args.capture_dir, partial=args.partial)
         target = _load_target(args)
         info = {"source": "capture", "tokens": dataset.manifest["tokens"],  # no paths: heads get shipped
                 "capture_options": dataset.manifest["options"], "capture_summary": dataset.manifest["summary"]}
