@@ -168,8 +168,12 @@ class TunedTree:
             return (f"auto tree: none; no tree is predicted to beat vanilla decoding on this machine with this head "
                     f"(best: {n} nodes, {speedup:.2f}x), so it decodes without drafting")
         paths = [list(p) for p in self.tree.paths]
-        return (f"auto tree: {self.tree.num_nodes - 1} draft nodes, depth {self.tree.depth}, predicted tau "
+        text = (f"auto tree: {self.tree.num_nodes - 1} draft nodes, depth {self.tree.depth}, predicted tau "
                 f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x; paths {paths}")
+        if self.predicted_speedup < 1.0:
+            text += ("\nnote: even the best tree is predicted to be slower than vanilla decoding on this machine "
+                     "with this head (its acceptance is too low for the verify cost); --head none decodes without drafting")
+        return text
 
 
 def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3) -> TunedTree:
