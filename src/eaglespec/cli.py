@@ -75,7 +75,7 @@ def cmd_generate(args) -> int:
     print(text.flush())
     tau = sum(s.emitted for s in steps) / len(steps) if steps else 0.0
     rate = len(out) / elapsed
-    tree = args.tree if gen.tuned is None else f"auto ({gen.tuned.tree.num_nodes - 1 if gen.tuned.tree else 0} nodes)"
+    tree = args.tree if gen.tuned is None else f"auto ({gen.tuned.tree.num_nodes - 1} nodes)"
     print(f"\n[eaglespec] tree={tree} new tokens={len(out)} target forwards={len(steps) + 1} "
           f"tau={tau:.2f} tokens/s={rate:.1f}", file=sys.stderr)
     if args.compare_vanilla:

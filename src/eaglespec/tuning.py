@@ -8,7 +8,7 @@ Two measurements feed a simple model (Medusa / Sequoia style):
     measured on the machine at hand (`measure_step_costs`), and of one vanilla step.
 The value of a node is the product of p along its path, so the expected tau of a tree is
 1 + the sum of its node values, and the best tree of N nodes is the N most valuable nodes
-(values only fall along a path). We choose N maximising tau(N) / cost(N), or no tree at all when none is predicted to beat a
+(values only fall along a path). We choose N maximising tau(N) / cost(N), and say so when even that is predicted to lose to a
 vanilla step.
 """
 
@@ -156,17 +156,13 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256,
 
 @dataclass(frozen=True)
 class TunedTree:
-    tree: StaticTree | None  # None: no tree is predicted to beat vanilla decoding here
+    tree: StaticTree
     predicted_tau: float
     predicted_speedup: float
     table: list[tuple[int, float, float, float, float]]  # (N, tau, draft s, verify s, predicted speedup)
     vanilla: float  # seconds of one vanilla step
 
     def describe(self) -> str:
-        if self.tree is None:
-            n, _, _, _, speedup = max(self.table, key=lambda row: row[4])
-            return (f"auto tree: none; no tree is predicted to beat vanilla decoding on this machine with this head "
-                    f"(best: {n} nodes, {speedup:.2f}x), so it decodes without drafting")
         paths = [list(p) for p in self.tree.paths]
         text = (f"auto tree: {self.tree.num_nodes - 1} draft nodes, depth {self.tree.depth}, predicted tau "
                 f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x; paths {paths}")
@@ -187,6 +183,4 @@ def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3) -> TunedTree:
         tau, (draft, verify) = candidates[n - 1][1], costs[n]
         table.append((n, tau, draft, verify, tau * vanilla / (draft + verify)))
     best = max(table, key=lambda row: row[4])
-    if best[4] < 1.0:  # drafting would only cost time: vanilla is the honest choice
-        return TunedTree(None, 1.0, 1.0, table, vanilla)
     return TunedTree(trees[best[0]], best[1], best[4], table, vanilla)

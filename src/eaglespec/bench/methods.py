@@ -134,9 +134,6 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
         else:
             # once per method: the generator caches a drafter per tree
             tree = gen.tree if name == "auto" else parse_tree(name)
-            if name == "auto" and tree is None:
-                notes.append("auto skipped: the tuned choice is no tree at all (vanilla decoding) on this machine")
-                continue
             if tree is None:
                 raise EagleError(f"method {name!r} is vanilla decoding; use 'vanilla'. {METHODS_HELP}")
             if gen.head is None and gen.drafter is None:
