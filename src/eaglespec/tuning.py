@@ -8,8 +8,8 @@ Two measurements feed a simple model (Medusa / Sequoia style):
     measured on the machine at hand (`measure_step_costs`), and of one vanilla step.
 The value of a node is the product of p along its path, so the expected tau of a tree is
 1 + the sum of its node values, and the best tree of N nodes is the N most valuable nodes
-(values only fall along a path). We choose N maximising tau(N) / cost(N), and say so when even that is predicted to lose to a
-vanilla step.
+(values only fall along a path). We choose N maximising tau(N) / cost(N), and say so when even
+that is predicted to lose to a vanilla step.
 """
 
 from __future__ import annotations
