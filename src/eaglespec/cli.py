@@ -88,11 +88,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def sharegpt_prompts(count: int, skip_first: int = 20000) -> list[str]:
-    """First user turns of ShareGPT conversations far past the ones used for training."""
+def sharegpt_prompts(count: int, skip_first: int = 10000) -> list[str]:
+    """First user turns of ShareGPT conversations far past the ones used for training (the
+    shipped head saw the first ~2,000 of the packaged file's 17,671 records)."""
     from .train.data import SHAREGPT, normalize, read_records
 
     records, _ = read_records(SHAREGPT)
+    if len(records) <= skip_first:
+        raise EagleError(f"the packaged ShareGPT file has only {len(records)} records; cannot skip {skip_first}")
     prompts = []
     for i, record in enumerate(records[skip_first:], start=skip_first):
         messages = normalize(record, f"ShareGPT record {i}") or []
@@ -134,7 +137,9 @@ def cmd_tune(args) -> int:
     print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
-    tuned = tune(gen, stats)
+    if stats.steps == 0:
+        raise EagleError("no calibration step ran: no usable ShareGPT prompt was found")
+    tuned = tune(gen, stats, reps=args.reps)
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
     for n, tau, draft, verify, speedup in tuned.table:
@@ -163,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size used while calibrating")
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
+    t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
     t.set_defaults(func=cmd_tune)
 
