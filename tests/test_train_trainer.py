@@ -68,7 +68,7 @@ def test_resume_is_bit_exact(target, dataset, tmp_path):
     with pytest.raises(Interrupted):  # in epoch 1 (after 8 reads of epoch 0 and 2 held-out reads), mid-step
         train(target, FailingDataset(dataset, reads=8 + 2 + 4), config, tmp_path / "cut", progress=False)
     assert (tmp_path / "cut" / CHECKPOINT).exists()
-    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
+    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=True)
     assert (state["epoch"], state["position"], state["step"]) == (1, 3, 4)
     with pytest.raises(EagleError, match="other training options \\(lr\\)"):
         train(target, dataset, TrainConfig(**{**config.__dict__, "lr": 2e-3}), tmp_path / "cut", progress=False)

@@ -187,7 +187,7 @@ class Trainer:
     def load_checkpoint(self) -> None:
         path = self.out_dir / CHECKPOINT
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle
         except Exception as exc:  # a truncated or foreign file
             raise EagleError(f"{path} is not a readable checkpoint ({exc}); pass --overwrite to start again") from exc
         check_identity(state["target"], self.target, f"checkpoint {path}")
