@@ -12,16 +12,23 @@ from eaglespec.tree import buffers_from_parents
 PARENTS = [-1, 0, 0, 1, 1, 2, 3]  # root with two branches of depth 3 and 2
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_tree_forward_equals_per_branch_forward(arch):
-    target = tiny_target(arch)
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(3, 128, (1, 9), generator=g)
+def prefix_then_tree(target, seed: int, prefix_len: int):
+    """Random prefix in the cache, then the PARENTS tree on top: -> (prefix, tokens, buffers, cache, features)."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(3, 128, (1, prefix_len), generator=g)
     tokens = torch.randint(3, 128, (len(PARENTS),), generator=g)
     b = buffers_from_parents(torch.tensor(PARENTS))
     cache = target.new_cache()
     target.forward(prefix, cache)
-    tree_logits = target.logits(target.forward(tokens[None], cache, b.tree_mask, b.tree_position_ids))[0]
+    features = target.forward(tokens[None], cache, b.tree_mask, b.tree_position_ids)
+    return prefix, tokens, b, cache, features
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_equals_per_branch_forward(arch):
+    target = tiny_target(arch)
+    prefix, tokens, b, _, features = prefix_then_tree(target, seed=0, prefix_len=9)
+    tree_logits = target.logits(features)[0]
     for row in b.retrieve_indices:
         path = row[row >= 0]
         seq = torch.cat([prefix[0], tokens[path]])[None]
@@ -32,13 +39,7 @@ def test_tree_forward_equals_per_branch_forward(arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral"])
 def test_cache_after_acceptance_equals_fresh_prefill(arch):
     target = tiny_target(arch)
-    g = torch.Generator().manual_seed(1)
-    prefix = torch.randint(3, 128, (1, 7), generator=g)
-    tokens = torch.randint(3, 128, (len(PARENTS),), generator=g)
-    b = buffers_from_parents(torch.tensor(PARENTS))
-    cache = target.new_cache()
-    target.forward(prefix, cache)
-    target.forward(tokens[None], cache, b.tree_mask, b.tree_position_ids)
+    prefix, tokens, _, cache, _ = prefix_then_tree(target, seed=1, prefix_len=7)
     path = torch.tensor([0, 2, 5])  # a non-contiguous accepted path
     keep_path(cache, prefix.shape[1], path)
 
