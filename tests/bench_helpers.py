@@ -59,3 +59,19 @@ class AlteredMethod:
         i = len(ids) // 2
         ids[i] = (ids[i] + 1) % self.vocab_size
         return Record(ids, r.elapsed, r.accepted, r.emitted, r.tree_sizes)
+
+
+class CountingMethod:
+    """Runs another method and counts the calls; raises KeyboardInterrupt on call `interrupt_at`
+    (1-based), as a user's Ctrl-C would."""
+
+    def __init__(self, inner, interrupt_at: int | None = None):
+        self.inner, self.interrupt_at, self.calls = inner, interrupt_at, 0
+        self.name, self.kind, self.spec, self.depth = inner.name, inner.kind, inner.spec, inner.depth
+        self.greedy_only = inner.greedy_only
+
+    def run(self, input_ids, max_new_tokens, sampling) -> Record:
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            raise KeyboardInterrupt
+        return self.inner.run(input_ids, max_new_tokens, sampling)

@@ -5,12 +5,12 @@ import argparse
 import json
 
 import pytest
-from bench_helpers import AlteredMethod, tiny_generator, words
+from bench_helpers import AlteredMethod, CountingMethod, tiny_generator, words
 
 from eaglespec.bench import datasets
 from eaglespec.bench.cli import EXIT_NOT_LOSSLESS, execute, register, run_metadata
 from eaglespec.bench.datasets import Question, load_jsonl, load_questions, user_message
-from eaglespec.bench.harness import first_difference, run_bench
+from eaglespec.bench.harness import Journal, first_difference, run_bench
 from eaglespec.bench.methods import BASELINE, HF_GENERATE, HF_PROMPT_LOOKUP, build_methods, parse_depths
 from eaglespec.bench.metrics import Record, acceptance_histogram, n_alpha, speedup, summarize, tau
 from eaglespec.bench.report import PLOTS
@@ -204,6 +204,43 @@ def test_non_lossless_method_fails_the_run(gen, tmp_path, capsys):
     assert all(f.startswith("broken differs from vanilla") for f in data["failures"])
     assert {r["method"]: r["matches_vanilla"] for r in data["records"]} == {BASELINE: None, "chain:2": True, "broken": False}
     assert "LOSSLESSNESS FAILURES" in (tmp_path / "results.md").read_text()
+
+
+def test_interrupted_run_resumes_from_its_journal(gen, tmp_path):
+    methods, _ = build_methods(gen, "vanilla,chain:2", [], greedy=True)
+    # 4 prompts x 2 methods; Ctrl-C on the 3rd prompt's second method: two prompts are journaled
+    counting = [CountingMethod(methods[0]), CountingMethod(methods[1], interrupt_at=3)]
+    with pytest.raises(KeyboardInterrupt):
+        _execute(gen, counting, tmp_path, plots=False, warmup=False)
+    assert not (tmp_path / "results.json").exists()
+    lines = (tmp_path / Journal.NAME).read_text().splitlines()
+    assert len(lines) == 3 and "settings" in json.loads(lines[0])
+    kept = {(json.loads(x)["question_id"], json.loads(x)["turn"]) for x in lines[1:]}
+    assert kept == {("1", 1), ("1", 2)}
+    with open(tmp_path / Journal.NAME, "a") as f:
+        f.write('{"question_id": "2", "turn": 1, "entr')  # a line torn by the interruption: ignored
+    resumed = [CountingMethod(m) for m in methods]
+    assert _execute(gen, resumed, tmp_path, plots=False, warmup=False) == 0
+    assert [m.calls for m in resumed] == [2, 2]  # only the two prompts left
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["records"]) == 8 and data["lossless"] and data["meta"]["prompts"] == 4
+    # the journaled prompts are the first run's records, the others equal a fresh run's
+    fresh = tmp_path / "fresh"
+    assert _execute(gen, methods, fresh, plots=False, warmup=False) == 0
+    fresh_records = json.loads((fresh / "results.json").read_text())["records"]
+    assert [r["token_ids"] for r in data["records"]] == [r["token_ids"] for r in fresh_records]
+    first = json.loads(lines[1])["entries"]
+    assert [r["elapsed"] for r in data["records"][:2]] == [e["record"]["elapsed"] for e in first]
+
+
+def test_resume_refuses_other_settings(gen, tmp_path):
+    methods, _ = build_methods(gen, "vanilla", [], greedy=True)
+    assert _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1) == 0
+    with pytest.raises(EagleError, match="max_new_tokens differ.*another --out"):
+        _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1, max_new_tokens=4)
+    (tmp_path / Journal.NAME).write_text("not json\n")
+    with pytest.raises(EagleError, match="not a bench journal"):
+        _execute(gen, methods, tmp_path, plots=False, warmup=False)
 
 
 def test_differing_reference_is_only_a_warning(gen):

@@ -9,6 +9,7 @@ import platform
 import shlex
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
 from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, parse_depths
 
 EXIT_NOT_LOSSLESS = 1
+# what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
+RESUME_META = ("model", "head", "dtype", "device", "methods")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -37,7 +40,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--chain", default="3,5", help="chain depths for the 'chain' method (default 3,5)")
     p.add_argument("--no-chat-template", action="store_true",
                    help="raw text prompts (HumanEval: the code prompt continued as is)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-<timestamp>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default runs/bench-<timestamp>); rerunning into it resumes an "
+                        "interrupted run of the same settings")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up generation of each method")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -75,16 +80,21 @@ def execute(gen, questions: list[Question], methods: list[Method], out: Path, me
             sampling: SamplingParams, turns: int = 1, dataset: str = "", chat_template: bool = True,
             warmup: bool = True, progress: bool = True, plots: bool = True) -> int:
     """Run, write every output, print the table; -> exit code (EXIT_NOT_LOSSLESS on an EAGLE mismatch)."""
-    from .harness import run_bench
+    from .harness import Journal, run_bench
     from .metrics import summarize
     from .report import markdown, write_outputs
 
+    journal = Journal(out, {**{k: meta.get(k) for k in RESUME_META}, "dataset": dataset, "turns": turns,
+                            "chat_template": chat_template, "max_new_tokens": max_new_tokens,
+                            "sampling": asdict(sampling)})
+    if journal.done:
+        print(f"resuming: {len(journal.done)} prompt(s) already done in {journal.path}", file=sys.stderr)
     result = run_bench(
         questions, methods,
         encode=lambda messages: gen.encode(messages=messages, chat_template=chat_template),
         decode=lambda ids: gen.decode(ids) or "",
         max_new_tokens=max_new_tokens, sampling=sampling, turns=turns, warmup=warmup, progress=progress,
-        user_text=lambda q, t: user_message(q, t, dataset, chat_template))
+        user_text=lambda q, t: user_message(q, t, dataset, chat_template), journal=journal)
     meta = {**meta, "prompts": len({(e.question_id, e.turn) for e in result.entries})}
     summary = summarize([(e.method, e.category, e.record) for e in result.entries], BASELINE,
                         {m.name: m.depth for m in methods})

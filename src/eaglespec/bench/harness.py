@@ -5,15 +5,21 @@ machine drift (thermal, other load) spreads over all methods instead of favourin
 first. Under greedy decoding each lossless method must emit exactly vanilla's ids: a mismatch is a
 failure, reported at once and in the result; outside references (HF) only raise a warning, as they
 run other kernels. The second MT-bench turn appends vanilla's own first answer to the messages.
+
+A `Journal` keeps every finished prompt on disk, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 from ..config import SamplingParams
+from ..errors import EagleError
 from .datasets import Question
 from .methods import BASELINE, Method
 from .metrics import Record
@@ -44,6 +50,62 @@ class BenchResult:
         return not self.failures
 
 
+class Journal:
+    """progress.jsonl in the output directory: a settings line, then one line per finished prompt
+    (every method's entry, failures, warnings), appended and fsynced as each prompt ends. A run
+    whose directory holds a journal of the same settings skips the prompts it lists; a journal of
+    other settings is refused. A line torn by an interruption is ignored (that prompt runs again)."""
+
+    NAME = "progress.jsonl"
+
+    def __init__(self, out: Path, settings: dict):
+        self.path = out / self.NAME
+        self.done: dict[tuple[str, int], dict] = {}
+        settings = json.loads(json.dumps(settings))  # as it will read back (tuples become lists)
+        if self.path.exists():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            found = _json_line(lines[0]) if lines else None
+            if found is None or "settings" not in found:
+                raise EagleError(f"{self.path} is not a bench journal: delete it or choose another --out")
+            if found["settings"] != settings:
+                changed = sorted(k for k in set(found["settings"]) | set(settings)
+                                 if found["settings"].get(k) != settings.get(k))
+                raise EagleError(f"{out} holds a bench run with other settings ({', '.join(changed)} differ): "
+                                 "choose another --out, or delete that directory to start again")
+            for line in lines[1:]:
+                item = _json_line(line)
+                if item is not None:
+                    self.done[(item["question_id"], item["turn"])] = item
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            self._append({"settings": settings})
+
+    def get(self, question_id: str, turn: int) -> tuple[list[Entry], list[str], list[str]] | None:
+        item = self.done.get((question_id, turn))
+        if item is None:
+            return None
+        entries = [Entry(**{**e, "record": Record(**e["record"])}) for e in item["entries"]]
+        return entries, item["failures"], item["warnings"]
+
+    def add(self, question_id: str, turn: int, entries: list[Entry], failures: list[str], warnings: list[str]) -> None:
+        self._append({"question_id": question_id, "turn": turn, "entries": [asdict(e) for e in entries],
+                      "failures": failures, "warnings": warnings})
+
+    def _append(self, item: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(item) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _json_line(line: str) -> dict | None:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return item if isinstance(item, dict) else None
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (a length difference counts); None when equal."""
     if a == b:
@@ -60,10 +122,11 @@ def _say(message: str) -> None:
 def run_bench(questions: list[Question], methods: list[Method], encode: Callable[[list[dict]], list[int]],
               decode: Callable[[list[int]], str], *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
               turns: int = 1, user_text: Callable[[Question, int], str] | None = None,
-              warmup: bool = True, progress: bool = True) -> BenchResult:
+              warmup: bool = True, progress: bool = True, journal: Journal | None = None) -> BenchResult:
     """encode: chat messages -> prompt ids; decode: ids -> text (for the second turn's history).
     user_text(question, turn index) -> the user message (default: the turn as written).
-    methods[0] must be vanilla: the baseline of the speedup and of the equality check."""
+    methods[0] must be vanilla: the baseline of the speedup and of the equality check.
+    journal: prompts it holds are taken from it, and each prompt run is added to it."""
     from tqdm import tqdm
 
     if not methods or methods[0].name != BASELINE:
@@ -71,22 +134,34 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
     if len({m.name for m in methods}) != len(methods):
         raise ValueError(f"method names must be unique: {[m.name for m in methods]}")
     user_text = user_text or (lambda q, t: q.turns[t])
+    todo = [(q, t) for q in questions for t in range(min(turns, len(q.turns)))]
+    if journal is not None and all(journal.get(q.question_id, t + 1) for q, t in todo):
+        warmup = False  # nothing left to time
     if warmup and questions:
         ids = encode([{"role": "user", "content": user_text(questions[0], 0)}])
         # first calls pay for allocation, lazy initialisation and kernel selection: not timed
         for method in tqdm(methods, desc="warm-up", unit="method", disable=not progress, file=sys.stderr):
             method.run(ids, min(WARMUP_TOKENS, max_new_tokens), sampling)
 
-    total = sum(min(turns, len(q.turns)) for q in questions) * len(methods)
     entries: list[Entry] = []
     failures: list[str] = []
     warnings: list[str] = []
     prompt_index = 0
-    with tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=len(todo) * len(methods), desc="bench", unit="run", disable=not progress, file=sys.stderr) as bar:
         for q in questions:
             messages: list[dict] = []
             for t in range(min(turns, len(q.turns))):
                 messages.append({"role": "user", "content": user_text(q, t)})
+                kept = journal.get(q.question_id, t + 1) if journal is not None else None
+                if kept is not None:
+                    entries += kept[0]
+                    failures += kept[1]
+                    warnings += kept[2]
+                    vanilla = next(e.record.token_ids for e in kept[0] if e.method == BASELINE)
+                    messages.append({"role": "assistant", "content": decode(vanilla)})
+                    prompt_index += 1
+                    bar.update(len(methods))
+                    continue
                 ids = encode(messages)
                 task_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + prompt_index)
                 shift = prompt_index % len(methods)
@@ -96,6 +171,9 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
                     records[method.name] = (order, method.run(ids, max_new_tokens, task_sampling))
                     bar.update()
                 vanilla = records[BASELINE][1].token_ids
+                found: list[Entry] = []
+                failed: list[str] = []
+                warned: list[str] = []
                 for method in methods:
                     order, record = records[method.name]
                     match = None
@@ -106,12 +184,17 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
                             where = (f"{method.name} differs from vanilla on question {q.question_id} turn {t + 1} at "
                                      f"token {at} ({len(record.token_ids)} vs {len(vanilla)} tokens)")
                             if method.kind == "reference":
-                                warnings.append(where)
+                                warned.append(where)
                                 _say(f"warning: {where} (outside reference, other kernels)")
                             else:
-                                failures.append(where)
+                                failed.append(where)
                                 _say(f"LOSSLESSNESS FAILURE: {where}")
-                    entries.append(Entry(q.question_id, q.category, t + 1, method.name, order, len(ids), record, match))
+                    found.append(Entry(q.question_id, q.category, t + 1, method.name, order, len(ids), record, match))
+                if journal is not None:
+                    journal.add(q.question_id, t + 1, found, failed, warned)
+                entries += found
+                failures += failed
+                warnings += warned
                 messages.append({"role": "assistant", "content": decode(vanilla)})
                 prompt_index += 1
     return BenchResult(entries, failures, warnings)

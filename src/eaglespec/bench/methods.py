@@ -53,6 +53,8 @@ class LoopMethod:
         self.gen, self.name, self.tree = gen, name, tree
         self.kind = "baseline" if tree is None else "lossless"
         self.spec = "no drafter" if tree is None else name
+        if name == "auto":  # the tuned tree itself: a resumed run must use the same one
+            self.spec = f"auto: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
         self.depth = int(getattr(tree, "depth", 0) or 0)
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
