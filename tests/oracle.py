@@ -33,7 +33,7 @@ class OracleDrafter:
                 tokens.append(int(self.target.model(ids).logits[0, -1].argmax()))
             else:
                 tokens.append(int(torch.randint(0, self.target.vocab_size, (1,), generator=self.g)))
-        return DraftTree(torch.tensor(tokens), buffers_from_parents(torch.tensor(self.parents)), torch.zeros(len(tokens)))
+        return DraftTree(torch.tensor(tokens), buffers_from_parents(torch.tensor(self.parents)))
 
     def _ancestors(self, n):
         out = []

@@ -36,7 +36,8 @@ def test_bad_tree_specs(text):
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"), (dict(top_k=-1), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"), (dict(top_p=float("nan")), "top_p"),
+    (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
 ])
 def test_bad_sampling(kwargs, field):
     with pytest.raises(EagleError, match=field):

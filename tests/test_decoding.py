@@ -73,7 +73,8 @@ def test_max_length_boundary_mid_tree(max_new):
     eagle = gen.generate(input_ids=PROMPT, max_new_tokens=max_new, stop_token_ids=set())
     assert len(eagle.token_ids) == max_new
     assert eagle.token_ids == vanilla.token_ids
-    assert eagle.finish_reason == "length"
+    assert eagle.finish_reason == vanilla.finish_reason == "length"
+    assert len(eagle.steps) == eagle.target_forwards - 1 and sum(s.emitted for s in eagle.steps) == max_new - 1
 
 
 @pytest.mark.parametrize("tree", ["oracle", "eagle1", "dynamic"])
@@ -91,6 +92,8 @@ def test_eos_mid_tree(tree):
     assert vanilla.token_ids[-1] == stop and vanilla.finish_reason == "stop"
     assert eagle.token_ids == vanilla.token_ids
     assert eagle.finish_reason == "stop"
+    outputs = list(gen.stream(PROMPT, 64, stop_token_ids={stop}))  # only the last output says why it ends
+    assert [o.finish_reason for o in outputs] == [None] * (len(outputs) - 1) + ["stop"]
 
 
 def test_dynamic_tree_respects_total_tokens():

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from eaglespec.sampling import logits_to_probs, sample, validate_sampling
+from eaglespec.sampling import _nucleus, logits_to_probs, sample
 
 
 def close(actual: torch.Tensor, expected: list[float]) -> bool:
@@ -31,6 +31,32 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert close(logits_to_probs(logits, 1.0, top_p=0.4), [0, 1, 0, 0])
     assert close(logits_to_probs(logits, 1.0, top_p=0.85), [0.15 / 0.95, 0.5 / 0.95, 0, 0.3 / 0.95])
     assert close(logits_to_probs(logits, 1.0, top_p=1e-9), [0, 1, 0, 0])  # never empty
+
+
+def _nucleus_by_full_sort(probs, top_p):
+    ranked, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep = ranked.cumsum(dim=-1) - ranked < top_p
+    keep[..., 0] = True
+    return keep.scatter(-1, order, keep)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 5.0])  # peaked: the candidates suffice; flat: full sort
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
+def test_top_p_candidates_give_the_full_sort_set(temperature, top_p):
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 4
+    probs = (logits / temperature).softmax(-1)
+    assert torch.equal(_nucleus(probs, top_p), _nucleus_by_full_sort(probs, top_p))
+
+
+def test_top_p_ties_rank_lower_ids_first_across_the_candidates_edge():
+    # 600 equal tokens: the nucleus cuts inside the tie, which straddles the 256 candidates' edge
+    logits = torch.zeros(1000, dtype=torch.float64)
+    logits[:600] = 3.0
+    probs = logits.softmax(-1)
+    keep = _nucleus(probs, 0.5)
+    assert torch.equal(keep, _nucleus_by_full_sort(probs, 0.5))
+    kept = keep.nonzero().flatten()
+    assert kept.tolist() == list(range(len(kept))) and 0 < len(kept) < 600  # the lowest ids of the tie
 
 
 def test_temperature_comes_before_top_p():
@@ -70,25 +96,3 @@ def test_sample_shapes_and_seeding():
     again = sample(uniform, torch.Generator().manual_seed(1))
     assert first.tolist() == again.tolist()
     assert first.unique().numel() > 1
-
-
-@pytest.mark.parametrize(
-    "temperature, top_p, top_k, field",
-    [
-        (-0.1, 1.0, 0, "temperature"),
-        (float("nan"), 1.0, 0, "temperature"),
-        (1.0, 0.0, 0, "top_p"),
-        (1.0, 1.5, 0, "top_p"),
-        (1.0, float("nan"), 0, "top_p"),
-        (1.0, 1.0, -1, "top_k"),
-        (1.0, 1.0, 2.5, "top_k"),
-    ],
-)
-def test_validate_sampling_names_the_field(temperature, top_p, top_k, field):
-    with pytest.raises(ValueError, match=f"^{field} must"):
-        validate_sampling(temperature, top_p, top_k)
-
-
-def test_validate_sampling_accepts_sane_settings():
-    assert validate_sampling(0.0, 1.0, 0) is None
-    assert validate_sampling(0.7, 0.9, 50) is None

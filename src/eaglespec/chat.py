@@ -13,6 +13,7 @@ import time
 from typing import TextIO
 
 from .config import SamplingParams
+from .decoding import GenerationResult
 from .errors import EagleError
 from .text import TextStream
 
@@ -65,15 +66,13 @@ def chat_loop(gen, sampling: SamplingParams, max_new_tokens: int, inp: TextIO, o
 def _reply(gen, history: list[dict], sampling: SamplingParams, max_new_tokens: int, out: TextIO, info: TextIO) -> str:
     ids = gen.encode(messages=history)
     text = TextStream(gen.decode)
-    emitted: list[int] = []
-    tokens, interrupted = 0, False
+    result = GenerationResult(prompt_tokens=len(ids))
+    interrupted = False
     start = time.perf_counter()
     steps = gen.stream(ids, max_new_tokens, sampling)
     try:
-        for i, step in enumerate(steps):
-            tokens += len(step.tokens)
-            if i:
-                emitted.append(step.stats.emitted)
+        for step in steps:
+            result.add(step)
             out.write(text.push(step.tokens))
             out.flush()
     except KeyboardInterrupt:
@@ -82,11 +81,10 @@ def _reply(gen, history: list[dict], sampling: SamplingParams, max_new_tokens: i
         steps.close()
     out.write(text.flush() + "\n")
     out.flush()
-    elapsed = time.perf_counter() - start
-    tau = sum(emitted) / len(emitted) if emitted else 0.0
-    rate = tokens / elapsed if elapsed > 0 else 0.0
+    result.elapsed = time.perf_counter() - start
     note = " (stopped)" if interrupted else ""
-    print(f"[{tokens} new tokens, tau {tau:.2f}, {rate:.1f} tokens/s{note}]", file=info, flush=True)
+    print(f"[{len(result.token_ids)} new tokens, tau {result.tau:.2f}, {result.tokens_per_second:.1f} tokens/s{note}]",
+          file=info, flush=True)
     return text.text
 
 

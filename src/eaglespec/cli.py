@@ -55,6 +55,7 @@ def load_generator(args):
 
 def cmd_generate(args) -> int:
     from .config import SamplingParams
+    from .decoding import GenerationResult
     from .text import TextStream
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
@@ -64,27 +65,24 @@ def cmd_generate(args) -> int:
     gen = load_generator(args)
     ids = gen.encode(args.prompt, chat_template=not args.no_chat_template)
     text = TextStream(gen.decode)
+    result = GenerationResult(prompt_tokens=len(ids))
     start = time.perf_counter()
-    out, steps = [], []
-    for i, step in enumerate(gen.stream(ids, args.max_new_tokens, sampling)):
-        out.extend(step.tokens)
+    for step in gen.stream(ids, args.max_new_tokens, sampling):
+        result.add(step)
         print(text.push(step.tokens), end="", flush=True)
-        if i:
-            steps.append(step.stats)
-    elapsed = time.perf_counter() - start
+    result.elapsed = time.perf_counter() - start
     print(text.flush())
-    tau = sum(s.emitted for s in steps) / len(steps) if steps else 0.0
-    rate = len(out) / elapsed
     tree = args.tree if gen.tuned is None else f"auto ({gen.tuned.tree.num_nodes - 1} nodes)"
-    print(f"\n[eaglespec] tree={tree} new tokens={len(out)} target forwards={len(steps) + 1} "
-          f"tau={tau:.2f} tokens/s={rate:.1f}", file=sys.stderr)
+    print(f"\n[eaglespec] tree={tree} new tokens={len(result.token_ids)} target forwards={result.target_forwards} "
+          f"tau={result.tau:.2f} tokens/s={result.tokens_per_second:.1f}", file=sys.stderr)
     if args.compare_vanilla:
         vanilla = gen.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                top_p=args.top_p, top_k=args.top_k, seed=args.seed, speculative=False)
-        same = "identical" if vanilla.token_ids == out else "different (sampling)" if args.temperature > 0 else "DIFFERENT"
+        same = ("identical" if vanilla.token_ids == result.token_ids else
+                "different (sampling)" if args.temperature > 0 else "DIFFERENT")
         print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
-              f"tokens/s={vanilla.tokens_per_second:.1f} speedup={rate / vanilla.tokens_per_second:.2f}x output={same}",
-              file=sys.stderr)
+              f"tokens/s={vanilla.tokens_per_second:.1f} "
+              f"speedup={result.tokens_per_second / vanilla.tokens_per_second:.2f}x output={same}", file=sys.stderr)
     return 0
 
 

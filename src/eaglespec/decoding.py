@@ -42,16 +42,26 @@ class StepStats:
 class StepOutput:
     tokens: list[int]  # the new tokens, in order
     stats: StepStats
+    finish_reason: str | None = None  # on the stream's last output: "stop" (a stop token) or "length"
 
 
 @dataclass
 class GenerationResult:
-    token_ids: list[int]
-    text: str | None
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None
     steps: list[StepStats] = field(default_factory=list)
     prompt_tokens: int = 0
     elapsed: float = 0.0            # seconds from the start of prefill to the last token
     finish_reason: str = "length"   # "stop" (an end-of-sequence token) or "length"
+
+    def add(self, step: StepOutput) -> None:
+        """Take one output of `EagleGenerator.stream`; the first is the prefill's token, not a
+        verification step. Callers that stop early (cancel, stop string) set finish_reason."""
+        if self.token_ids:
+            self.steps.append(step.stats)
+        self.token_ids.extend(step.tokens)
+        if step.finish_reason is not None:
+            self.finish_reason = step.finish_reason
 
     @property
     def target_forwards(self) -> int:
@@ -206,9 +216,10 @@ class EagleGenerator:
         cache = target.new_cache()
         features = target.forward(ids[None], cache)[0]  # [n, H]
         root = self._choose(target.logits(features[-1:]), sampling, generator)
-        yield StepOutput([root], StepStats(0, 1, n))
         produced = 1
-        if root in stops or produced >= budget:
+        finish = "stop" if root in stops else "length" if produced >= budget else None
+        yield StepOutput([root], StepStats(0, 1, n), finish)
+        if finish is not None:
             return
         draft_state = drafter.new_state() if drafter else None
         pending_tokens = torch.cat([ids[1:], torch.tensor([root], device=target.device)])  # x[t+1] for each f[t]
@@ -220,7 +231,7 @@ class EagleGenerator:
                 dt = drafter.draft(draft_state, pending_tokens, pending_features, root)
             else:  # vanilla, or too close to the end to draft (and it stays so: the head is done)
                 drafter = None
-                dt = DraftTree(torch.tensor([root], device=target.device), _ROOT_ONLY, torch.zeros(1))
+                dt = DraftTree(torch.tensor([root], device=target.device), _ROOT_ONLY)
             b = dt.buffers
             tree_features = target.forward(dt.tokens[None], cache, b.tree_mask, b.tree_position_ids)[0]  # [N, H]
             logits = target.logits(tree_features)  # [N, V]
@@ -241,8 +252,9 @@ class EagleGenerator:
                 if t in stops or produced + len(emit) >= budget:
                     break
             produced += len(emit)
-            yield StepOutput(emit, StepStats(acc.num_accepted, len(emit), dt.tokens.numel()))
-            if len(emit) < len(new) or emit[-1] in stops or produced >= budget:
+            finish = "stop" if emit[-1] in stops else "length" if produced >= budget else None
+            yield StepOutput(emit, StepStats(acc.num_accepted, len(emit), dt.tokens.numel()), finish)
+            if finish is not None:
                 return
             pending_tokens = torch.tensor(new, device=target.device)
             pending_features = tree_features[acc.path.to(target.device)]
@@ -264,15 +276,11 @@ class EagleGenerator:
         sampling = SamplingParams(temperature, top_p, top_k, seed)
         if input_ids is None:
             input_ids = self.encode(prompt, messages, chat_template)
+        result = GenerationResult(prompt_tokens=len(input_ids))
         start = time.perf_counter()
-        out: list[int] = []
-        steps: list[StepStats] = []
-        for i, step in enumerate(self.stream(input_ids, max_new_tokens, sampling, tree, speculative, stop_token_ids)):
-            out.extend(step.tokens)
-            if i > 0:
-                steps.append(step.stats)
-        elapsed = time.perf_counter() - start
-        stops = self.eos_token_ids() if stop_token_ids is None else stop_token_ids
-        reason = "stop" if out and out[-1] in stops else "length"
-        return GenerationResult(out, self.decode(out), steps, len(input_ids), elapsed, reason)
+        for step in self.stream(input_ids, max_new_tokens, sampling, tree, speculative, stop_token_ids):
+            result.add(step)
+        result.elapsed = time.perf_counter() - start
+        result.text = self.decode(result.token_ids)
+        return result
 

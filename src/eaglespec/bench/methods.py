@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from ..config import DynamicTreeSpec, SamplingParams, parse_tree
-from ..decoding import EagleGenerator
+from ..decoding import EagleGenerator, GenerationResult
 from ..errors import EagleError
 from .metrics import Record
 
@@ -59,21 +59,15 @@ class LoopMethod:
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
         device = self.gen.target.device
-        tokens: list[int] = []
-        accepted: list[int] = []
-        emitted: list[int] = []
-        sizes: list[int] = []
+        result = GenerationResult()
         synchronize(device)
         start = time.perf_counter()
-        steps = self.gen.stream(input_ids, max_new_tokens, sampling, tree=self.tree, speculative=self.tree is not None)
-        for i, step in enumerate(steps):
-            tokens.extend(step.tokens)
-            if i:  # the first output is the prefill's token, not a verification step
-                accepted.append(step.stats.accepted)
-                emitted.append(step.stats.emitted)
-                sizes.append(step.stats.tree_size)
+        for step in self.gen.stream(input_ids, max_new_tokens, sampling, tree=self.tree, speculative=self.tree is not None):
+            result.add(step)
         synchronize(device)
-        return Record(tokens, time.perf_counter() - start, accepted, emitted, sizes)
+        steps = result.steps
+        return Record(result.token_ids, time.perf_counter() - start, [s.accepted for s in steps],
+                      [s.emitted for s in steps], [s.tree_size for s in steps])
 
 
 class HFMethod:

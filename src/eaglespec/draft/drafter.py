@@ -24,7 +24,6 @@ from .head import EagleHead
 class DraftTree:
     tokens: torch.Tensor   # [N] long, node 0 = root (the token the target already chose)
     buffers: TreeBuffers
-    scores: torch.Tensor   # [N] cumulative draft log-probability (root 0)
 
 
 @dataclass
@@ -126,7 +125,7 @@ class Drafter:
             self._grow_static(state, g, real)
             crop(state.cache, real)  # forget the pairs built from predicted features
             tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
-            return DraftTree(tokens, self.tree.buffers, torch.tensor(g.scores))
+            return DraftTree(tokens, self.tree.buffers)
         keep = self._grow_dynamic(state, g, real)
         crop(state.cache, real)
         return self._finish(g, keep, device)
@@ -186,5 +185,4 @@ class Drafter:
         new_index = {old: i for i, old in enumerate(keep_list)}
         parents = torch.tensor([-1] + [new_index[g.parents[o]] for o in keep_list[1:]], dtype=torch.long)
         tokens = torch.tensor([g.tokens[o] for o in keep_list], dtype=torch.long, device=device)
-        scores = torch.tensor([g.scores[o] for o in keep_list])
-        return DraftTree(tokens, buffers_from_parents(parents), scores)
+        return DraftTree(tokens, buffers_from_parents(parents))

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams
+from ..decoding import GenerationResult
 from ..text import TextStream
 
 
@@ -71,7 +72,6 @@ class Engine:
         self.generator = generator
         self.max_queue = max_queue
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
-        self.eos = generator.eos_token_ids()
         self.busy = False
         self.speculative = generator.drafter is not None or (generator.head is not None and generator.tree is not None)
         self._queue: queue.Queue = queue.Queue()
@@ -130,40 +130,35 @@ class Engine:
     def _serve(self, job: Job) -> None:
         job.emit(Started(time.perf_counter() - job.submitted))
         text = TextStream(self.decode, job.stop)
-        emitted: list[int] = []  # tokens per verification step (bonus included); the prefill's token is not a step
-        accepted: list[int] = []
-        tokens, finish = 0, "length"
+        result = GenerationResult(prompt_tokens=len(job.input_ids))
         start = time.perf_counter()
         steps = self.generator.stream(job.input_ids, job.max_tokens, job.sampling)
         try:
-            for i, step in enumerate(steps):
+            for step in steps:
                 if job.cancelled.is_set():
-                    finish = "cancelled"
+                    result.finish_reason = "cancelled"
                     break
-                tokens += len(step.tokens)
-                if i:
-                    emitted.append(step.stats.emitted)
-                    accepted.append(step.stats.accepted)
+                result.add(step)
                 delta = text.push(step.tokens)
                 if delta:
                     job.emit(Delta(delta))
-                if text.stopped or step.tokens[-1] in self.eos:
-                    finish = "stop"
+                if text.stopped:
+                    result.finish_reason = "stop"
                     break
         finally:
             steps.close()
-        if finish != "cancelled":
+        if result.finish_reason != "cancelled":
             rest = text.flush()
             if rest:
                 job.emit(Delta(rest))
-        elapsed = time.perf_counter() - start
+        result.elapsed = time.perf_counter() - start
         stats = {
-            "target_forwards": len(emitted) + 1,
-            "tau": round(sum(emitted) / len(emitted), 4) if emitted else 0.0,
-            "accepted_lengths": emitted,
-            "accepted_draft_tokens": sum(accepted),
+            "target_forwards": result.target_forwards,
+            "tau": round(result.tau, 4),
+            "accepted_lengths": [s.emitted for s in result.steps],  # bonus included, per verification step
+            "accepted_draft_tokens": sum(s.accepted for s in result.steps),
             "speculative": self.speculative,
-            "elapsed_s": round(elapsed, 4),
-            "tokens_per_second": round(tokens / elapsed, 2) if elapsed > 0 else 0.0,
+            "elapsed_s": round(result.elapsed, 4),
+            "tokens_per_second": round(result.tokens_per_second, 2),
         }
-        job.emit(Done(finish, tokens, stats))
+        job.emit(Done(result.finish_reason, len(result.token_ids), stats))
