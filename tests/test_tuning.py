@@ -7,7 +7,8 @@ from oracle import OracleDrafter
 
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
-from eaglespec.tuning import AcceptanceStats, best_trees, calibrate, calibration_tree, tune
+from eaglespec.errors import EagleError
+from eaglespec.tuning import AcceptanceStats, best_trees, calibrate, calibration_tree, tune, use_auto_tree
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 
@@ -58,3 +59,20 @@ def test_tune_warns_when_nothing_beats_vanilla():
     tuned = tune(gen, stats, sizes=(1, 2), reps=1)
     assert tuned.predicted_tau == 1.0 and tuned.predicted_speedup < 1.0
     assert "slower than vanilla" in tuned.describe()
+
+
+def test_auto_tree_comes_from_the_head_directory(tmp_path):
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    head = EagleHead(target.config).to(target.dtype)
+    with pytest.raises(EagleError, match="from_pretrained"):
+        EagleGenerator(target, head, "auto")
+    gen = EagleGenerator(target, head, "eagle1", head_dir=tmp_path)
+    use_auto_tree(gen)  # no acceptance.json: EAGLE-1's tree, and the user is told
+    assert gen.tuned is None and gen.tree.num_nodes == 26 and "acceptance.json" in gen.head_note
+    AcceptanceStats(tuple((1.0, 0.0) for _ in range(3)), steps=1).save(tmp_path)
+    use_auto_tree(gen)
+    assert gen.tree is gen.tuned.tree and gen.tuned.predicted_tau == 4.0  # the rank-0 chain, always right
+    assert {(0,), (0, 0), (0, 0, 0)} <= set(gen.tree.paths)
+    assert gen.generate(input_ids=PROMPT, max_new_tokens=12).token_ids == \
+        gen.generate(input_ids=PROMPT, max_new_tokens=12, speculative=False).token_ids

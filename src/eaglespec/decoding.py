@@ -85,10 +85,13 @@ class EagleGenerator:
     def __init__(self, target: TargetModel, head: EagleHead | None = None, tree="eagle1",
                  draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
                  head_dir: Path | None = None):
-        """tree: a spec string (see `config.parse_tree`), a StaticTree / DynamicTreeSpec, or 'auto'
-        (tuned for this machine from the head's acceptance.json; EAGLE-1's tree without one).
-        drafter: a ready drafter used for every request (tests, other draft methods); by default
-        one is built from `head` for each tree asked for."""
+        """tree: a spec string (see `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto'
+        is resolved by `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
+        used for every request (tests, other draft methods); by default one is built from `head`
+        for each tree asked for."""
+        if tree == "auto":
+            raise EagleError("tree='auto' is tuned from a head directory's acceptance.json: use "
+                             "EagleGenerator.from_pretrained(..., tree='auto'), or tuning.use_auto_tree(gen)")
         self.target = target
         self.drafter = drafter
         self.head = head
@@ -97,18 +100,7 @@ class EagleGenerator:
         self.head_dir = head_dir
         self.tuned = None  # the TunedTree when tree='auto' was tuned
         self._drafters: dict = {}
-        self.tree = self._auto_tree() if tree == "auto" else parse_tree(tree) if isinstance(tree, str) else tree
-
-    def _auto_tree(self):
-        from .tuning import AcceptanceStats, tune
-
-        stats = AcceptanceStats.load(self.head_dir) if self.head_dir is not None and self.head is not None else None
-        if stats is None:
-            self.head_note = (self.head_note + "; " if self.head_note else "") + \
-                "--tree auto: the head has no acceptance.json (run `eaglespec tune`), using EAGLE-1's tree"
-            return parse_tree("eagle1")
-        self.tuned = tune(self, stats)
-        return self.tuned.tree
+        self.tree = parse_tree(tree) if isinstance(tree, str) else tree
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
@@ -138,7 +130,13 @@ class EagleGenerator:
             model = EagleHead.from_pretrained(head_dir, tm.config)
         draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size) if head_dir else None
         model = model.to(device=tm.device, dtype=tm.dtype)
-        return cls(tm, model, tree, draft_vocab=draft_vocab, head_note=note, head_dir=head_dir)
+        gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
+                  head_dir=head_dir)
+        if tree == "auto":
+            from .tuning import use_auto_tree
+
+            use_auto_tree(gen)
+        return gen
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True) -> list[int]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .config import parse_tree
 from .draft.drafter import Drafter
 from .errors import EagleError
 from .files import atomic_write_bytes
@@ -184,3 +185,16 @@ def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3) -> TunedTree:
         table.append((n, tau, draft, verify, tau * vanilla / (draft + verify)))
     best = max(table, key=lambda row: row[4])
     return TunedTree(trees[best[0]], best[1], best[4], table, vanilla)
+
+
+def use_auto_tree(gen) -> None:
+    """Give `gen` the tree tuned for this machine from its head directory's acceptance.json
+    (gen.tuned says what was chosen); EAGLE-1's tree, with a note, when the head has none."""
+    stats = AcceptanceStats.load(gen.head_dir) if gen.head_dir is not None and gen.head is not None else None
+    if stats is None:
+        note = "--tree auto: the head has no acceptance.json (run `eaglespec tune`), using EAGLE-1's tree"
+        gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
+        gen.tree, gen.tuned = parse_tree("eagle1"), None
+        return
+    gen.tuned = tune(gen, stats)
+    gen.tree = gen.tuned.tree
