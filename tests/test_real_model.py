@@ -42,6 +42,14 @@ def test_eagle_greedy_equals_vanilla_on_smollm2(generator, prompt, tree):
     assert eagle.steps and all(s.tree_size > 1 for s in eagle.steps[:-1])
 
 
+def test_shipped_head_is_found_in_any_dtype(generator):
+    from eaglespec.draft.shipped import default_head_dir
+    from eaglespec.target import load_target
+
+    assert generator.head_dir is not None and generator.head_dir == default_head_dir(generator.target)
+    assert default_head_dir(load_target(None, torch.bfloat16)) == generator.head_dir  # as CUDA loads it
+
+
 def test_chat_template_is_applied(generator):
     ids = generator.encode("Hi")
     text = generator.target.tokenizer.decode(ids)

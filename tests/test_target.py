@@ -77,3 +77,14 @@ def test_unknown_target_path_is_a_clear_error(tmp_path):
         resolve_target(str(tmp_path / "nope"))
     with pytest.raises(EagleError, match="config.json"):
         resolve_target(str(tmp_path))
+
+
+def test_fingerprint_is_the_same_in_every_dtype_and_tells_weights_apart():
+    prints = {dtype: tiny_target("qwen2", dtype=dtype, check=False).fingerprint()
+              for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
+    assert len(set(prints.values())) == 1, prints
+    assert tiny_target("qwen2", seed=1, check=False).fingerprint() != prints[torch.float64]
+    tuned = tiny_target("qwen2", check=False)  # same embeddings and LM head, another decoder
+    with torch.no_grad():
+        [w for w in tuned.decoder.parameters() if w.dim() == 2][-1].neg_()
+    assert tuned.fingerprint() != prints[torch.float64]

@@ -138,6 +138,7 @@ def test_length_limit_and_skip_counts(tokenizer, tmp_path):
     ('{"messages": [}\n', "d.jsonl:1: not valid JSON"),
     ('[{"messages": []}, {"messa', "record 1 \\(Unterminated string"),
     ('[{"text": "hi"}]', "needs a 'conversations' list"),
+    (" ,\n, ", "holds no records"),
 ])
 def test_bad_files_are_refused_with_their_name(tokenizer, tmp_path, content, problem):
     path = tmp_path / ("d.jsonl" if "jsonl" in problem else "d.json")

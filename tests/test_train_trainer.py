@@ -136,7 +136,25 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     eagle = gen.generate(input_ids=prompt, max_new_tokens=24, stop_token_ids=set())
     assert len(vanilla.token_ids) == 24
     assert_same_or_tie(target64, prompt, vanilla.token_ids, eagle.token_ids)
+    # ... and so does the package's own command line
+    from eaglespec.cli import main as eaglespec_main
+
     capsys.readouterr()
+    assert eaglespec_main(["generate", "--target", str(model_dir), "--head", str(tmp_path / "head"), "--tree", "eagle1",
+                           "--prompt", "What is 7 plus 7?", "--max-new-tokens", "16", "--compare-vanilla"]) == 0
+    err = capsys.readouterr().err
+    assert "tree=eagle1" in err and "output=identical" in err and "random" not in err
+    # bad input loses nothing: a wrong --data writes no manifest and --overwrite keeps the old capture
+    cap_files = {f.name: f.read_bytes() for f in (tmp_path / "cap").iterdir()}
+    for out, extra in ((tmp_path / "cap2", []), (tmp_path / "cap", ["--overwrite"])):
+        assert eaglespec_main(["capture", *common, "--data", str(tmp_path / "missing.jsonl"), "--out", str(out), *extra]) == 2
+        assert "missing.jsonl" in capsys.readouterr().err
+    assert not (tmp_path / "cap2" / "manifest.json").exists()
+    assert {f.name: f.read_bytes() for f in (tmp_path / "cap").iterdir()} == cap_files
+    head_files = {f.name: f.read_bytes() for f in (tmp_path / "head").iterdir()}
+    assert eaglespec_main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in (tmp_path / "head").iterdir()} == head_files
     with pytest.raises(SystemExit):
         main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "x"), "--max-length", "9"])
     assert "choose the data of --online" in capsys.readouterr().err

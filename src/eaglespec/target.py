@@ -81,10 +81,14 @@ class TargetModel:
 
     # -- identity -----------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """Stable identity of the weights (manifest checks): hashes a slice of embedding and LM head."""
+        """Identity of the weights (capture manifests, checkpoints, the shipped head's lookup), the
+        same in every dtype and on every device: it hashes the signs of slices of the embedding,
+        the LM head and the decoder's last matrix (rounding to bf16 or fp16 never flips a sign),
+        with the shapes. A fine-tune that kept the embeddings still differs in its decoder."""
+        last = [w for w in self.decoder.parameters() if w.dim() == 2][-1]
         h = hashlib.sha256()
-        for w in (self.embed_tokens.weight, self.lm_head.weight):
-            h.update(w[:64, :64].detach().float().cpu().numpy().tobytes())
+        for w in (self.embed_tokens.weight[:64, :64], self.lm_head.weight[:64, :64], last.flatten()[:4096]):
+            h.update(torch.sign(w.detach()).to(torch.int8).cpu().numpy().tobytes())
         h.update(f"{self.config.model_type}/{self.hidden_size}/{self.vocab_size}/{self.config.num_hidden_layers}".encode())
         return h.hexdigest()[:16]
 

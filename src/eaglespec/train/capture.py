@@ -100,12 +100,9 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     """Capture features for `examples` (default: those of `config`'s data, rendered with the
     target's tokenizer) into `out_dir`, continuing an interrupted capture. Returns the manifest."""
     directory = Path(out_dir).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        _clear(directory)
     options = to_dict(config)
-    identity = target.identity()
-    if (directory / MANIFEST).exists():
+    manifest = None
+    if not overwrite and (directory / MANIFEST).exists():
         manifest = read_manifest(directory)
         check_identity(manifest["target"], target, f"capture directory {directory}")
         if manifest["options"] != options:
@@ -114,17 +111,26 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         if manifest["complete"]:
             return manifest
-    else:
+
+    # read the data before anything is written or removed: a wrong --data loses nothing
+    summary = DataSummary()
+    examples = iter(iter_examples(target.tokenizer, config, summary) if examples is None else examples)
+    first = next(examples, None)
+    if first is None:
+        check_usable(summary, config)
+        raise EagleError(f"no examples to capture into {directory}")
+    examples = itertools.chain([first], examples)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        _clear(directory)
+    if manifest is None:
         if any(p.name != MANIFEST for p in directory.iterdir() if p.suffix != ".tmp"):
             raise EagleError(f"{directory} is not empty and holds no capture: pass an empty or new --out")
-        manifest = {"format": FORMAT, "target": identity, "options": options,
+        manifest = {"format": FORMAT, "target": target.identity(), "options": options,
                     "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
                     "examples": 0, "tokens": 0, "shards": [], "complete": False, "summary": None}
         _write_manifest(directory, manifest)
-
-    summary = DataSummary()
-    if examples is None:
-        examples = iter_examples(target.tokenizer, config, summary)
     done = manifest["examples"]
     storage = STORAGE_DTYPES[config.feature_dtype]
     bar = tqdm(total=config.max_examples, initial=done, unit="ex", desc="capture", disable=not progress,

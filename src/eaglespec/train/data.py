@@ -99,6 +99,8 @@ _SEPARATORS = re.compile(r"[\s,]*")
 
 def _read_json(text: str, path: Path, tolerate_cut: bool) -> tuple[list, bool]:
     start = _SEPARATORS.match(text).end()
+    if start == len(text):
+        raise EagleError(f"{path} holds no records (only blanks or commas): pass a JSON list or a JSONL file")
     if text[start] != "[":
         try:
             record = json.loads(text)
