@@ -75,19 +75,39 @@ def test_round_trip(target, tmp_path):
         torch.testing.assert_close(sample.features.float(), reference, rtol=1e-2, atol=1e-2)
 
 
-def test_resumed_capture_equals_uninterrupted(target, tmp_path):
-    examples = synthetic_examples()
-    capture(target, CONFIG, tmp_path / "whole", examples=examples, progress=False)
+def chat_file(path, n=7):
+    """n ShareGPT conversations in the tiny tokenizer's words, one without an assistant turn."""
+    rows = [{"conversations": [{"from": "human", "value": " ".join(f"w{10 + (i * j) % 90}" for j in range(3 + i))},
+                               {"from": "gpt", "value": " ".join(f"w{20 + (i + j) % 80}" for j in range(4 + i))}]}
+            for i in range(n)]
+    rows.insert(3, {"conversations": [{"from": "human", "value": "w7 w8"}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("source", ["examples", "file"])
+def test_resumed_capture_equals_uninterrupted(target, tmp_path, source):
+    from bench_helpers import tiny_tokenizer
+
+    if source == "file":  # the command's path: conversations read and rendered with the chat template
+        examples, config = None, CaptureConfig(data=str(chat_file(tmp_path / "chats.jsonl")), shard_size=2)
+        target = tiny_target(dtype=torch.float32, check=False)
+        target.tokenizer = tiny_tokenizer(target.vocab_size)
+    else:
+        examples, config = synthetic_examples(), CONFIG
+    capture(target, config, tmp_path / "whole", examples=examples, progress=False)
     with pytest.raises(Interrupted):
-        capture(FailingTarget(target, calls=5), CONFIG, tmp_path / "cut", examples=examples, progress=False)
+        capture(FailingTarget(target, calls=5), config, tmp_path / "cut", examples=examples, progress=False)
     manifest = json.loads((tmp_path / "cut" / MANIFEST).read_text())
     assert (manifest["complete"], len(manifest["shards"]), manifest["examples"]) == (False, 2, 4)
     with pytest.raises(EagleError, match="incomplete"):
         FeatureDataset(tmp_path / "cut")
     # The rerun starts at example 4: a target that fails on a fifth forward would show a restart.
-    capture(FailingTarget(target, calls=3), CONFIG, tmp_path / "cut", examples=examples, progress=False)
+    capture(FailingTarget(target, calls=3), config, tmp_path / "cut", examples=examples, progress=False)
     whole, cut = (json.loads((tmp_path / d / MANIFEST).read_text()) for d in ("whole", "cut"))
     assert whole == cut
+    if source == "file":
+        assert whole["examples"] == 7 and whole["summary"]["skipped_no_assistant"] == 1
     for shard in whole["shards"]:
         a, b = (load_file(tmp_path / d / shard["file"]) for d in ("whole", "cut"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -57,9 +57,30 @@ def test_a_few_steps_reduce_the_loss(target, dataset, tmp_path):
     assert {"acc_depth1", "acc_depth4"} <= set(after) and 0.0 <= after["acc_depth1"] <= 1.0
     rows = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["kind"] for r in rows].count("eval") == 4 and rows == result.history
-    assert (tmp_path / PLOT).stat().st_size > 0 and not (tmp_path / CHECKPOINT).exists()
+    assert not (tmp_path / CHECKPOINT).exists()
+    from matplotlib.image import imread
+
+    image = imread(tmp_path / PLOT)  # a real picture: decodes, has a size, is not blank
+    assert image.shape[0] > 200 and image.shape[1] > 200 and image.std() > 0.01
     extra = EagleHead.read_extra(tmp_path)
     assert extra["target"] == target.identity() and extra["steps"] == 32
+
+
+def test_noise_is_uniform_and_the_target_stays_frozen(target, dataset, tmp_path):
+    trainer = Trainer(target, dataset, TrainConfig(noise=0.1, max_steps=2, grad_accum=1, warmup=1, lr=1e-2),
+                      tmp_path, progress=False)
+    noise = trainer._noisy(torch.zeros(20000, 4))
+    assert noise.abs().max() <= 0.1 and noise.min() < -0.099 and noise.max() > 0.099
+    assert abs(noise.mean()) < 0.002 and noise.var().item() == pytest.approx(0.1 ** 2 / 3, rel=0.03)  # U(-a, a)
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in trainer.head.parameters()}
+    assert not any(p.requires_grad for p in target.model.parameters())
+    frozen = {k: v.clone() for k, v in target.model.state_dict().items()}
+    head_before = {k: v.clone() for k, v in trainer.head.state_dict().items()}
+    trainer.run()
+    assert all(torch.equal(v, target.model.state_dict()[k]) for k, v in frozen.items())
+    assert not all(torch.equal(v, trainer.head.state_dict()[k]) for k, v in head_before.items())
+    assert not any("embed" in k or "lm_head" in k for k in trainer.head.state_dict())
 
 
 def test_resume_is_bit_exact(target, dataset, tmp_path):
