@@ -114,6 +114,21 @@ def test_resumed_capture_equals_uninterrupted(target, tmp_path, source):
     assert not list((tmp_path / "cut").glob("*.tmp"))
 
 
+def test_resume_refuses_a_changed_data_file(tmp_path):
+    from bench_helpers import tiny_tokenizer
+
+    target = tiny_target(dtype=torch.float32, check=False)
+    target.tokenizer = tiny_tokenizer(target.vocab_size)
+    data = chat_file(tmp_path / "chats.jsonl")
+    config = CaptureConfig(data=str(data), shard_size=2)
+    with pytest.raises(Interrupted):
+        capture(FailingTarget(target, calls=3), config, tmp_path / "cap", progress=False)
+    chat_file(data, n=9)  # the file changed between the runs: the examples counted so far may differ
+    with pytest.raises(EagleError, match="changed since .* SHA-256"):
+        capture(target, config, tmp_path / "cap", progress=False)
+    assert capture(target, config, tmp_path / "cap", overwrite=True, progress=False)["examples"] == 9
+
+
 def test_refuses_another_target_or_other_options(target, tmp_path):
     examples = synthetic_examples()
     with pytest.raises(Interrupted):

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..errors import EagleError
 from .config import CaptureConfig, to_dict
-from .data import DataSummary, Example, check_usable, iter_examples
+from .data import DataSummary, Example, check_usable, iter_examples, source_digest
 from ..files import atomic_path, atomic_write_bytes
 
 MANIFEST = "manifest.json"
@@ -101,6 +101,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     target's tokenizer) into `out_dir`, continuing an interrupted capture. Returns the manifest."""
     directory = Path(out_dir).expanduser()
     options = to_dict(config)
+    digest = source_digest(config.data) if examples is None else None
     manifest = None
     if not overwrite and (directory / MANIFEST).exists():
         manifest = read_manifest(directory)
@@ -111,6 +112,9 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         if manifest["complete"]:
             return manifest
+        if manifest.get("data_sha256", digest) != digest:
+            raise EagleError(f"the data {config.data} changed since capture directory {directory} was started "
+                             "(its SHA-256 differs): resume with the same file, or pass --overwrite or another --out")
 
     # read the data before anything is written or removed: a wrong --data loses nothing
     summary = DataSummary()
@@ -129,7 +133,8 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
             raise EagleError(f"{directory} is not empty and holds no capture: pass an empty or new --out")
         manifest = {"format": FORMAT, "target": target.identity(), "options": options,
                     "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
-                    "examples": 0, "tokens": 0, "shards": [], "complete": False, "summary": None}
+                    "data_sha256": digest, "examples": 0, "tokens": 0, "shards": [], "complete": False,
+                    "summary": None}
         _write_manifest(directory, manifest)
     done = manifest["examples"]
     storage = STORAGE_DTYPES[config.feature_dtype]

@@ -69,6 +69,20 @@ def sharegpt_path() -> Path:
         return Path(path)
 
 
+def source_digest(source: str) -> str:
+    """SHA-256 of a --data file (or of the packaged ShareGPT): a resumed capture must read the same."""
+    import hashlib
+
+    path = sharegpt_path() if source == SHAREGPT else Path(source).expanduser()
+    if not path.is_file():
+        raise EagleError(f"data file {path} not found: pass --data FILE.json|FILE.jsonl or --data sharegpt")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def read_records(source: str) -> tuple[list, bool]:
     """-> (records, whether the file ended inside a record). Only the packaged ShareGPT file may be
     cut short (its PyPI copy is); a user file that is must be fixed."""
