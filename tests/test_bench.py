@@ -225,6 +225,8 @@ def test_interrupted_run_resumes_from_its_journal(gen, tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["records"]) == 8 and data["lossless"] and data["meta"]["prompts"] == 4
     # the journaled prompts are the first run's records, the others equal a fresh run's
+    # the torn line was cut off: the journal now reads back every prompt
+    assert len(Journal(tmp_path, json.loads(lines[0])["settings"]).done) == 4
     fresh = tmp_path / "fresh"
     assert _execute(gen, methods, fresh, plots=False, warmup=False) == 0
     fresh_records = json.loads((fresh / "results.json").read_text())["records"]
@@ -238,6 +240,8 @@ def test_resume_refuses_other_settings(gen, tmp_path):
     assert _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1) == 0
     with pytest.raises(EagleError, match="max_new_tokens differ.*another --out"):
         _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1, max_new_tokens=4)
+    (tmp_path / Journal.NAME).write_text('{"settings"')  # killed while writing its first line: a new run
+    assert _execute(gen, methods, tmp_path, plots=False, warmup=False) == 0
     (tmp_path / Journal.NAME).write_text("not json\n")
     with pytest.raises(EagleError, match="not a bench journal"):
         _execute(gen, methods, tmp_path, plots=False, warmup=False)

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from eaglespec.sampling import _nucleus, logits_to_probs, sample
+from eaglespec.sampling import NUCLEUS_CANDIDATES, _nucleus, _nucleus_from_candidates, logits_to_probs, sample
 
 
 def close(actual: torch.Tensor, expected: list[float]) -> bool:
@@ -33,30 +33,61 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert close(logits_to_probs(logits, 1.0, top_p=1e-9), [0, 1, 0, 0])  # never empty
 
 
-def _nucleus_by_full_sort(probs, top_p):
-    ranked, order = probs.sort(dim=-1, descending=True, stable=True)
-    keep = ranked.cumsum(dim=-1) - ranked < top_p
-    keep[..., 0] = True
-    return keep.scatter(-1, order, keep)
+def reference_nucleus(probs, top_p):
+    """The definition, one token at a time: rank by (probability desc, id asc); keep a token while
+    the mass ranked above it is below top_p; the best token always stays."""
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    for row, p in zip(keep.view(-1, probs.shape[-1]), probs.view(-1, probs.shape[-1]).tolist()):
+        above = 0.0
+        for rank, token in enumerate(sorted(range(len(p)), key=lambda i: (-p[i], i))):
+            if rank > 0 and above >= top_p:
+                break
+            row[token] = True
+            above += p[token]
+    return keep
 
 
-@pytest.mark.parametrize("temperature", [0.3, 1.0, 5.0])  # peaked: the candidates suffice; flat: full sort
+def peaked(rows, vocab, scale, seed=0):
+    return (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale).softmax(-1)
+
+
 @pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
-def test_top_p_candidates_give_the_full_sort_set(temperature, top_p):
-    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 4
-    probs = (logits / temperature).softmax(-1)
-    assert torch.equal(_nucleus(probs, top_p), _nucleus_by_full_sort(probs, top_p))
+def test_top_p_from_candidates_equals_the_definition(top_p):
+    probs = peaked(3, 3000, 8.0)  # an LM-like peak: 256 candidates hold nearly all the mass
+    assert _nucleus_from_candidates(probs, top_p, NUCLEUS_CANDIDATES) is not None
+    assert torch.equal(_nucleus(probs, top_p), reference_nucleus(probs, top_p))
 
 
-def test_top_p_ties_rank_lower_ids_first_across_the_candidates_edge():
-    # 600 equal tokens: the nucleus cuts inside the tie, which straddles the 256 candidates' edge
-    logits = torch.zeros(1000, dtype=torch.float64)
-    logits[:600] = 3.0
+@pytest.mark.parametrize("top_p", [0.5, 0.99])
+def test_top_p_falls_back_to_the_full_sort_when_candidates_cannot_decide(top_p):
+    probs = peaked(2, 3000, 1.0)  # flat: 256 candidates hold ~30% of the mass
+    assert _nucleus_from_candidates(probs, top_p, NUCLEUS_CANDIDATES) is None
+    assert torch.equal(_nucleus(probs, top_p), reference_nucleus(probs, top_p))
+
+
+def test_top_p_after_top_k_is_decided_by_the_candidates():
+    logits = torch.randn(2, 3000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    probs = logits_to_probs(logits, 1.0, top_k=50)  # zeros beyond the 50 best: t = 0
+    assert _nucleus_from_candidates(probs, 0.9, NUCLEUS_CANDIDATES) is not None
+    assert torch.equal(_nucleus(probs, 0.9), reference_nucleus(probs, 0.9))
+
+
+@pytest.mark.parametrize("tie_at", ["inside", "across the edge"])
+def test_top_p_ties_rank_lower_ids_first(tie_at):
+    vocab = 1000
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))  # tied tokens at scattered ids
+    logits = torch.zeros(vocab, dtype=torch.float64)
+    if tie_at == "inside":  # 1 leader, then 40 equal tokens that the nucleus cuts through
+        logits[perm[0]], logits[perm[1:41]] = 9.0, 6.0
+    else:  # 600 equal tokens straddle the 256 candidates' edge
+        logits[perm[:600]] = 9.0
     probs = logits.softmax(-1)
     keep = _nucleus(probs, 0.5)
-    assert torch.equal(keep, _nucleus_by_full_sort(probs, 0.5))
-    kept = keep.nonzero().flatten()
-    assert kept.tolist() == list(range(len(kept))) and 0 < len(kept) < 600  # the lowest ids of the tie
+    assert torch.equal(keep, reference_nucleus(probs, 0.5))
+    tied = perm[1:41] if tie_at == "inside" else perm[:600]
+    kept = sorted(int(t) for t in tied if keep[t])
+    assert 0 < len(kept) < len(tied) and kept == sorted(int(t) for t in tied)[:len(kept)]  # the lowest ids
+    assert (_nucleus_from_candidates(probs, 0.5, NUCLEUS_CANDIDATES) is None) == (tie_at != "inside")
 
 
 def test_temperature_comes_before_top_p():

@@ -84,7 +84,9 @@ def test_fingerprint_is_the_same_in_every_dtype_and_tells_weights_apart():
               for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
     assert len(set(prints.values())) == 1, prints
     assert tiny_target("qwen2", seed=1, check=False).fingerprint() != prints[torch.float64]
-    tuned = tiny_target("qwen2", check=False)  # same embeddings and LM head, another decoder
+    tuned = tiny_target("qwen2", check=False)  # a LoRA-sized change to one attention matrix of layer 0
     with torch.no_grad():
-        [w for w in tuned.decoder.parameters() if w.dim() == 2][-1].neg_()
+        q = tuned.decoder.layers[0].self_attn.q_proj.weight
+        q += 2e-3 * torch.randn(q.shape, generator=torch.Generator().manual_seed(0), dtype=q.dtype)
     assert tuned.fingerprint() != prints[torch.float64]
+    assert prints[torch.float64].startswith("v2-")

@@ -136,6 +136,11 @@ def test_refuses_another_target_or_other_options(target, tmp_path):
     other = tiny_target(seed=1, dtype=torch.float32, check=False)
     with pytest.raises(EagleError, match="made for target .*fingerprint"):
         capture(other, CONFIG, tmp_path, examples=examples, progress=False)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "target": {**manifest["target"], "fingerprint": "258dbcd3"}}))
+    with pytest.raises(EagleError, match="older eaglespec.*--overwrite"):  # a v1 fingerprint
+        capture(target, CONFIG, tmp_path, examples=examples, progress=False)
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(EagleError, match="other options \\(feature_dtype\\)"):
         capture(target, CaptureConfig(data="synthetic", shard_size=2, feature_dtype="fp16"), tmp_path,
                 examples=examples, progress=False)

@@ -20,9 +20,9 @@ class SamplingParams:
         if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
             raise EagleError(f"temperature must be >= 0 (0 = greedy), got {t}")
         if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
-            raise EagleError(f"top_p must be in (0, 1], got {p}")
+            raise EagleError(f"top_p must be in (0, 1], got {p}; use 1.0 to turn top-p off")
         if not isinstance(k, int) or k < 0:
-            raise EagleError(f"top_k must be an integer >= 0 (0 = off), got {k}")
+            raise EagleError(f"top_k must be an integer >= 0, got {k}; use 0 to turn top-k off")
 
     @property
     def greedy(self) -> bool:

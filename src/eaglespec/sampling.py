@@ -35,28 +35,40 @@ NUCLEUS_CANDIDATES = 256  # tokens ranked before falling back to sorting the who
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """[..., V] bool: the tokens top-p keeps. Rank tokens by probability (ties: lower id first);
     drop a token once the tokens ranked above it reach top_p. The best token has nothing above it,
-    so at least one survives. Ranking only the NUCLEUS_CANDIDATES best tokens gives the same set
-    whenever they reach top_p together and no tie straddles their edge (sorting 49k tokens per
-    visited tree node costs ~4 ms on a CPU); otherwise the whole vocabulary is sorted."""
-    vocab = probs.shape[-1]
-    m = min(NUCLEUS_CANDIDATES, vocab - 1)
-    if m > 0:
-        top = probs.topk(m + 1, dim=-1)
-        ids, at = top.indices[..., :m].sort(dim=-1)  # ids ascending, so the stable sort below breaks ties by id
-        ranked, order = top.values[..., :m].gather(-1, at).sort(dim=-1, descending=True, stable=True)
-        cum = ranked.cumsum(dim=-1)
-        if bool(((cum[..., -1] >= top_p) & (top.values[..., m - 1] > top.values[..., m])).all()):
-            keep_ranked = cum - ranked < top_p
-            keep_ranked[..., 0] = True
-            return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, ids.gather(-1, order), keep_ranked)
+    so at least one survives. Sorting 49k tokens per visited tree node costs ~4 ms on a CPU, so
+    the NUCLEUS_CANDIDATES best are tried first (`_nucleus_from_candidates`)."""
+    keep = _nucleus_from_candidates(probs, top_p, NUCLEUS_CANDIDATES)
+    if keep is not None:
+        return keep
     ranked, order = probs.sort(dim=-1, descending=True, stable=True)
     keep_ranked = ranked.cumsum(dim=-1) - ranked < top_p
     keep_ranked[..., 0] = True
     return keep_ranked.scatter(-1, order, keep_ranked)
 
 
+def _nucleus_from_candidates(probs: torch.Tensor, top_p: float, m: int) -> torch.Tensor | None:
+    """`_nucleus` from the m most likely tokens, or None when they cannot decide it. Let t be the
+    (m+1)-th largest probability: every token above t is a candidate, in the full ranking's order
+    once ties are put in id order. When the candidates above t already reach top_p, every token
+    at or below t has at least that mass above it and is dropped, whatever its place among equals;
+    the set is then exactly the full sort's (with top-k <= m this always holds: t is 0)."""
+    m = min(m, probs.shape[-1] - 1)
+    if m < 1:
+        return None
+    top = probs.topk(m + 1, dim=-1)
+    edge = top.values[..., m:]                       # [..., 1] t
+    ids, at = top.indices[..., :m].sort(dim=-1)      # ids ascending: the stable sort below breaks ties by id
+    ranked, order = top.values[..., :m].gather(-1, at).sort(dim=-1, descending=True, stable=True)
+    cum = ranked.cumsum(dim=-1)
+    above = (ranked > edge).sum(dim=-1, keepdim=True)  # candidates strictly above t
+    if not bool(((above > 0) & (cum.gather(-1, (above - 1).clamp(min=0)) >= top_p)).all()):
+        return None
+    keep_ranked = (cum - ranked < top_p) & (ranked > edge)
+    keep_ranked[..., 0] = True
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, ids.gather(-1, order), keep_ranked)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """[..., V] probabilities -> [...] long token ids."""
     flat = probs.reshape(-1, probs.shape[-1])  # [B, V]
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-

@@ -59,6 +59,9 @@ def resolve_target(name_or_path: str | None) -> tuple[str, str | None]:
     )
 
 
+FINGERPRINT_SCHEME = "v2-"
+
+
 @dataclass
 class TargetModel:
     model: nn.Module          # the AutoModelForCausalLM
@@ -82,15 +85,17 @@ class TargetModel:
     # -- identity -----------------------------------------------------------------------------
     def fingerprint(self) -> str:
         """Identity of the weights (capture manifests, checkpoints, the shipped head's lookup), the
-        same in every dtype and on every device: it hashes the signs of slices of the embedding,
-        the LM head and the decoder's last matrix (rounding to bf16 or fp16 never flips a sign),
-        with the shapes. A fine-tune that kept the embeddings still differs in its decoder."""
-        last = [w for w in self.decoder.parameters() if w.dim() == 2][-1]
+        same in every dtype and on every device: it hashes the sign bits of slices of the
+        embedding, the LM head and every matrix of the decoder (rounding to bf16 or fp16 keeps a
+        sign bit, even where a value rounds to zero), with the shapes, so a fine-tune of any
+        decoder matrix differs. 'v2-' marks this scheme (v1 hashed the values: dtype-dependent)."""
         h = hashlib.sha256()
-        for w in (self.embed_tokens.weight[:64, :64], self.lm_head.weight[:64, :64], last.flatten()[:4096]):
-            h.update(torch.sign(w.detach()).to(torch.int8).cpu().numpy().tobytes())
+        slices = [self.embed_tokens.weight[:64, :64], self.lm_head.weight[:64, :64]]
+        slices += [w.flatten()[:512] for w in self.decoder.parameters() if w.dim() == 2]
+        for w in slices:
+            h.update(torch.signbit(w.detach()).cpu().numpy().tobytes())
         h.update(f"{self.config.model_type}/{self.hidden_size}/{self.vocab_size}/{self.config.num_hidden_layers}".encode())
-        return h.hexdigest()[:16]
+        return FINGERPRINT_SCHEME + h.hexdigest()[:16]
 
     def identity(self) -> dict:
         return {

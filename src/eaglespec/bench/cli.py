@@ -20,7 +20,7 @@ from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_meth
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
-RESUME_META = ("model", "head", "dtype", "device", "methods")
+RESUME_META = ("model", "head", "head_weights", "dtype", "device", "threads", "methods", "versions")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -52,6 +52,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _weights_digest(module) -> str | None:
+    """SHA-256 (16 hex digits) of a module's weights: tells a retrained head in the same directory."""
+    import hashlib
+
+    if module is None:
+        return None
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def run_metadata(gen, methods: list[Method], **fields) -> dict:
     import torch
     import transformers
@@ -69,6 +82,7 @@ def run_metadata(gen, methods: list[Method], **fields) -> dict:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "methods": {m.name: m.spec for m in methods},
+        "head_weights": _weights_digest(gen.head),
         "versions": {"eaglespec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "platform": platform.platform(),

@@ -54,7 +54,8 @@ class Journal:
     """progress.jsonl in the output directory: a settings line, then one line per finished prompt
     (every method's entry, failures, warnings), appended and fsynced as each prompt ends. A run
     whose directory holds a journal of the same settings skips the prompts it lists; a journal of
-    other settings is refused. A line torn by an interruption is ignored (that prompt runs again)."""
+    other settings is refused. A last line torn by an interruption is cut off (that prompt runs
+    again)."""
 
     NAME = "progress.jsonl"
 
@@ -62,9 +63,14 @@ class Journal:
         self.path = out / self.NAME
         self.done: dict[tuple[str, int], dict] = {}
         settings = json.loads(json.dumps(settings))  # as it will read back (tuples become lists)
-        if self.path.exists():
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-            found = _json_line(lines[0]) if lines else None
+        data = self.path.read_bytes() if self.path.exists() else b""
+        whole = data[:data.rfind(b"\n") + 1]  # complete lines only
+        if len(whole) < len(data):  # the next line must start on a line of its own
+            with open(self.path, "r+b") as f:
+                f.truncate(len(whole))
+        if whole:
+            lines = whole.decode("utf-8").splitlines()
+            found = _json_line(lines[0])
             if found is None or "settings" not in found:
                 raise EagleError(f"{self.path} is not a bench journal: delete it or choose another --out")
             if found["settings"] != settings:

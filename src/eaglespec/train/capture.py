@@ -26,9 +26,10 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..errors import EagleError
+from ..files import atomic_path, atomic_write_bytes
+from ..target import FINGERPRINT_SCHEME
 from .config import CaptureConfig, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
-from ..files import atomic_path, atomic_write_bytes
 
 MANIFEST = "manifest.json"
 FORMAT = "eaglespec-capture/1"
@@ -53,6 +54,9 @@ def check_identity(recorded: dict, target, what: str) -> None:
     diff = [k for k in _IDENTITY_KEYS if recorded.get(k) != ours[k]]
     if diff:
         k = diff[0]
+        if k == "fingerprint" and not str(recorded.get(k)).startswith(FINGERPRINT_SCHEME):
+            raise EagleError(f"{what} was made by an older eaglespec, whose weight fingerprints differ: capture "
+                             "again (--overwrite) or train afresh (--no-resume)")
         raise EagleError(f"{what} was made for target {recorded.get('name')!r} ({k}={recorded.get(k)}), not for "
                          f"{ours['name']!r} ({k}={ours[k]}): use the same --target or start a new one")
 
@@ -101,7 +105,6 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     target's tokenizer) into `out_dir`, continuing an interrupted capture. Returns the manifest."""
     directory = Path(out_dir).expanduser()
     options = to_dict(config)
-    digest = source_digest(config.data) if examples is None else None
     manifest = None
     if not overwrite and (directory / MANIFEST).exists():
         manifest = read_manifest(directory)
@@ -112,9 +115,10 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         if manifest["complete"]:
             return manifest
-        if manifest.get("data_sha256", digest) != digest:
-            raise EagleError(f"the data {config.data} changed since capture directory {directory} was started "
-                             "(its SHA-256 differs): resume with the same file, or pass --overwrite or another --out")
+    digest = None if examples is not None else source_digest(config.data)  # given examples have no file
+    if manifest is not None and None not in (manifest.get("data_sha256"), digest) and manifest["data_sha256"] != digest:
+        raise EagleError(f"the data {config.data} changed since capture directory {directory} was started "
+                         "(its SHA-256 differs): resume with the same file, or pass --overwrite or another --out")
 
     # read the data before anything is written or removed: a wrong --data loses nothing
     summary = DataSummary()
