@@ -141,7 +141,7 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
         raise ValueError(f"method names must be unique: {[m.name for m in methods]}")
     user_text = user_text or (lambda q, t: q.turns[t])
     todo = [(q, t) for q in questions for t in range(min(turns, len(q.turns)))]
-    if journal is not None and all(journal.get(q.question_id, t + 1) for q, t in todo):
+    if journal is not None and all((q.question_id, t + 1) in journal.done for q, t in todo):
         warmup = False  # nothing left to time
     if warmup and questions:
         ids = encode([{"role": "user", "content": user_text(questions[0], 0)}])
