@@ -10,6 +10,8 @@ class OracleDrafter:
     """Drafts the target's own greedy continuation at rank 0 of every node (always right) and
     random other tokens at ranks >= 1 (always wrong). `parents` gives the tree shape."""
 
+    hidden_layers = None  # reads the target's features (and ignores them)
+
     def __init__(self, target, prompt: list[int], parents: list[int], seed: int = 0):
         self.target, self.prompt, self.parents = target, prompt, parents
         self.max_nodes = len(parents)

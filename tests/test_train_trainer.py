@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_model, tiny_target
 from eaglespec.draft.head import EagleHead
+from eaglespec.draft.heads import read_extra
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig
@@ -62,7 +63,7 @@ def test_a_few_steps_reduce_the_loss(target, dataset, tmp_path):
 
     image = imread(tmp_path / PLOT)  # a real picture: decodes, has a size, is not blank
     assert image.shape[0] > 200 and image.shape[1] > 200 and image.std() > 0.01
-    extra = EagleHead.read_extra(tmp_path)
+    extra = read_extra(tmp_path)
     assert extra["target"] == target.identity() and extra["steps"] == 32
 
 
@@ -135,7 +136,7 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
                  "--max-steps", "1"]) == 0
     target = load_target(str(model_dir), check=False)
     head = EagleHead.from_pretrained(tmp_path / "head", target.config)
-    extra = EagleHead.read_extra(tmp_path / "head")
+    extra = read_extra(tmp_path / "head")
     assert extra["steps"] == 4 and extra["split"] == {"train": 4, "eval": 2}
     assert extra["data"]["capture_options"]["shard_size"] == 4
     assert isinstance(head, EagleHead)

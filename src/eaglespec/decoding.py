@@ -19,6 +19,7 @@ import torch
 from .config import DynamicTreeSpec, SamplingParams, parse_tree
 from .draft.drafter import Drafter, DraftTree
 from .draft.head import EagleHead
+from .draft.heads import load_head
 from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 from .draft.vocab import load_draft_vocab
 from .errors import EagleError
@@ -82,10 +83,10 @@ class GenerationResult:
 class EagleGenerator:
     """Owns a target, an optional EAGLE head and a tree; generates one request at a time."""
 
-    def __init__(self, target: TargetModel, head: EagleHead | None = None, tree="eagle1",
+    def __init__(self, target: TargetModel, head=None, tree="eagle1",
                  draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
                  head_dir: Path | None = None):
-        """tree: a spec string (see `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto'
+        """head: an EagleHead or Eagle3Head (draft/heads.py), or None. tree: a spec string (see `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto'
         is resolved by `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
         used for every request (tests, other draft methods); by default one is built from `head`
         for each tree asked for."""
@@ -127,8 +128,10 @@ class EagleGenerator:
         else:
             head_dir = Path(head)
         if head_dir is not None:
-            model = EagleHead.from_pretrained(head_dir, tm.config)
-        draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size) if head_dir else None
+            model = load_head(head_dir, tm.config)
+        draft_vocab = None  # an EAGLE-3 head brings its own
+        if head_dir is not None and model.kind == "eagle1":
+            draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size)
         model = model.to(device=tm.device, dtype=tm.dtype)
         gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
                   head_dir=head_dir)
@@ -212,8 +215,9 @@ class EagleGenerator:
         target = self.target
         ids = torch.tensor(input_ids, device=target.device)
         cache = target.new_cache()
-        features = target.forward(ids[None], cache)[0]  # [n, H]
-        root = self._choose(target.logits(features[-1:]), sampling, generator)
+        layers = drafter.hidden_layers if drafter else None
+        states = target.forward_states(ids[None], cache, layers=layers)
+        root = self._choose(target.logits(states.features[0, -1:]), sampling, generator)
         produced = 1
         finish = "stop" if root in stops else "length" if produced >= budget else None
         yield StepOutput([root], StepStats(0, 1, n), finish)
@@ -221,7 +225,7 @@ class EagleGenerator:
             return
         draft_state = drafter.new_state() if drafter else None
         pending_tokens = torch.cat([ids[1:], torch.tensor([root], device=target.device)])  # x[t+1] for each f[t]
-        pending_features = features
+        pending_features = states.hidden[0]  # [n, k*H] the head's input for each x[t+1]
 
         while True:
             past = cache_length(cache)
@@ -231,8 +235,9 @@ class EagleGenerator:
                 drafter = None
                 dt = DraftTree(torch.tensor([root], device=target.device), _ROOT_ONLY)
             b = dt.buffers
-            tree_features = target.forward(dt.tokens[None], cache, b.tree_mask, b.tree_position_ids)[0]  # [N, H]
-            logits = target.logits(tree_features)  # [N, V]
+            states = target.forward_states(dt.tokens[None], cache, b.tree_mask, b.tree_position_ids,
+                                           layers if drafter is not None else None)
+            logits = target.logits(states.features[0])  # [N, V]
             if sampling.greedy:
                 acc = verify_greedy(dt.tokens, logits, b.retrieve_indices.to(logits.device))
             else:
@@ -255,7 +260,7 @@ class EagleGenerator:
             if finish is not None:
                 return
             pending_tokens = torch.tensor(new, device=target.device)
-            pending_features = tree_features[acc.path.to(target.device)]
+            pending_features = states.hidden[0][acc.path.to(target.device)]
             root = acc.next_token
 
     @staticmethod

@@ -62,6 +62,12 @@ def resolve_target(name_or_path: str | None) -> tuple[str, str | None]:
 FINGERPRINT_SCHEME = "v2-"
 
 
+@dataclass(frozen=True)
+class TargetStates:
+    features: torch.Tensor  # [B, T, H] f: the last hidden state after the final norm (LM-head input)
+    hidden: torch.Tensor    # [B, T, k*H] what a head reads: f (EAGLE-1) or the fused layers (EAGLE-3)
+
+
 @dataclass
 class TargetModel:
     model: nn.Module          # the AutoModelForCausalLM
@@ -119,6 +125,14 @@ class TargetModel:
         input_ids: [1, T]. Without a tree, the T tokens are causal; with one, tree_mask [T, T] (bool,
         ancestor-or-self) and tree_position_ids [T] (depth) place them as a tree after the cache.
         """
+        return self.forward_states(input_ids, cache, tree_mask, tree_position_ids).features
+
+    @torch.no_grad()
+    def forward_states(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
+                       tree_position_ids: torch.Tensor | None = None, layers: tuple[int, ...] | None = None) -> "TargetStates":
+        """`forward`, also returning the states a draft head reads: f itself (layers None, EAGLE-1)
+        or the residual streams entering decoder `layers`, concatenated (EAGLE-3), from the same
+        forward pass."""
         past = cache_length(cache) if cache is not None else 0
         t = input_ids.shape[1]
         if tree_mask is None:
@@ -134,8 +148,16 @@ class TargetModel:
             position_ids=positions[None],
             cache=cache,
             use_cache=cache is not None,
+            output_hidden_states=layers is not None,
         )
-        return out.last_hidden_state
+        return TargetStates(out.last_hidden_state, self._fuse(out, layers))
+
+    def _fuse(self, out, layers: tuple[int, ...] | None) -> torch.Tensor:
+        """HF's hidden_states[i] is the residual stream entering layer i (0 = embeddings), the
+        indexing of vLLM's eagle_aux_hidden_state_layer_ids; its last entry is already normed."""
+        if layers is None:
+            return out.last_hidden_state
+        return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
     @torch.no_grad()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -145,7 +167,20 @@ class TargetModel:
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Plain causal forward without a cache (feature capture): [B, T] -> [B, T, H]."""
-        return self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.capture_states(input_ids, attention_mask).features
+
+    @torch.no_grad()
+    def capture_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       layers: tuple[int, ...] | None = None) -> "TargetStates":
+        """`features` plus the fused layers of an EAGLE-3 head ([B, T, k*H]) from the same forward."""
+        out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False,
+                           output_hidden_states=layers is not None)
+        return TargetStates(out.last_hidden_state, self._fuse(out, layers))
+
+    def check_layers(self, layers: tuple[int, ...] | None, what: str) -> None:
+        n = self.config.num_hidden_layers
+        if layers is not None and not all(0 <= i < n for i in layers):
+            raise EagleError(f"{what}: layer ids {list(layers)} must be in 0..{n - 1} (the target has {n} layers)")
 
     # -- load-time proof ----------------------------------------------------------------------
     @torch.no_grad()

@@ -1,9 +1,11 @@
-"""Grows a draft tree with the EAGLE head: EAGLE-1 static trees and EAGLE-2 dynamic trees.
+"""Grows a draft tree with an EAGLE head (EAGLE-1 or EAGLE-3, through the contract of
+draft/heads.py): EAGLE-1 static trees and EAGLE-2 dynamic trees.
 
-The head consumes (token, feature) pairs. Pairs built from the target's real features are kept in
-the head's KV cache across steps; pairs built from the head's own predicted features (the tree
-being drafted) are appended during drafting and cropped away afterwards. Each depth level costs
-one head forward over all the nodes of that level that get children.
+The head consumes (token, hidden) pairs. Pairs built from the target's real states (the feature f
+for EAGLE-1, the fused layers for EAGLE-3, both through `head.encode`) are kept in the head's KV
+cache across steps; pairs built from the head's own outputs (the tree being drafted) are appended
+during drafting and cropped away afterwards. Each depth level costs one head forward over all the
+nodes of that level that get children. Draft ids become target ids before they enter the tree.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from ..attention import additive_mask
 from ..config import DynamicTreeSpec
 from ..kv_cache import cache_length, crop
 from ..tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
-from .head import EagleHead
 
 
 @dataclass(frozen=True)
@@ -65,18 +66,16 @@ class _Growth:
 
 
 class Drafter:
-    def __init__(self, head: EagleHead, target, tree, draft_vocab: torch.Tensor | None = None):
-        """tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd] target token ids the draft may
-        propose (a reduced vocabulary, EAGLE-3/FR-Spec style), or None for the full vocabulary."""
+    def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None):
+        """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
+        target token ids an EAGLE-1 draft may propose (a reduced vocabulary, FR-Spec style), or None
+        for the full vocabulary; an EAGLE-3 head brings its own."""
         self.head = head.eval()
         self.target = target
         self.tree = tree
-        weight = target.lm_head.weight  # [V, H]
-        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(weight.device)
-        self.draft_lm_weight = weight if draft_vocab is None else weight[draft_vocab].contiguous()
-        self.draft_lm_bias = getattr(target.lm_head, "bias", None)
-        if self.draft_lm_bias is not None and draft_vocab is not None:
-            self.draft_lm_bias = self.draft_lm_bias[draft_vocab]
+        self.hidden_layers = head.hidden_layers  # what the target must return for this head
+        self.lm = head.draft_lm(target, draft_vocab)
+        self.dtype = next(head.parameters()).dtype
         if isinstance(tree, StaticTree):
             self.max_nodes = tree.num_nodes
             topk = tree.topk_per_node().tolist()
@@ -89,31 +88,32 @@ class Drafter:
             self.max_nodes = tree.total_tokens + 1
 
     def new_state(self) -> DraftState:
-        return DraftState(DynamicCache(config=self.head.decoder.config))
+        return DraftState(DynamicCache(config=self.head.cache_config))
 
     # -- head pieces ---------------------------------------------------------------------------
-    def _draft_logprobs(self, features: torch.Tensor) -> torch.Tensor:
-        """[M, H] -> [M, Vd] draft log-probabilities q (over the draft vocabulary)."""
-        logits = torch.nn.functional.linear(features, self.draft_lm_weight, self.draft_lm_bias).float()
-        return torch.log_softmax(logits, dim=-1)
+    def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:
+        """[M, H] head outputs -> [M, Vd] draft log-probabilities q (over the draft vocabulary)."""
+        return self.lm.logprobs(out)
 
     def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids if self.draft_vocab is None else self.draft_vocab[ids]
+        return self.lm.to_target_ids(ids)
 
-    def _head(self, state: DraftState, tokens: torch.Tensor, features: torch.Tensor, allowed: torch.Tensor,
+    def _head(self, state: DraftState, tokens: torch.Tensor, hidden: torch.Tensor, allowed: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:
-        """tokens [M], features [M, H], allowed [M, cache+M] bool, positions [M] -> head outputs [M, H]."""
+        """tokens [M], hidden [M, H], allowed [M, cache+M] bool, positions [M] -> head outputs [M, H]."""
         embeds = self.target.embed_tokens(tokens.to(self.target.device))[None]
-        mask = additive_mask(allowed, self.draft_lm_weight.dtype)
-        out = self.head(embeds, features[None], attention_mask=mask, position_ids=positions[None], cache=state.cache)
+        mask = additive_mask(allowed, self.dtype)
+        out = self.head(embeds, hidden[None], attention_mask=mask, position_ids=positions[None], cache=state.cache)
         return out[0]
 
     # -- one drafting step --------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, state: DraftState, new_tokens: torch.Tensor, new_features: torch.Tensor, root: int) -> DraftTree:
-        """new_tokens [P] (x[t+1]) and new_features [P, H] (f[t]): the real pairs not yet in the head
-        cache, the last pair ending with the root token. Returns the tree rooted at `root`."""
+        """new_tokens [P] (x[t+1]) and new_features [P, k*H] (the target's states at t, as
+        `hidden_layers` asks): the real pairs not yet in the head cache, the last pair ending with
+        the root token. Returns the tree rooted at `root`."""
         device = new_features.device
+        new_features = self.head.encode(new_features.to(self.dtype))
         real = cache_length(state.cache)
         p = new_tokens.numel()
         causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()

@@ -12,20 +12,13 @@ not stored: the saved tensors carry the published EAGLE-1 names (`fc.weight`, `f
 from __future__ import annotations
 
 import copy
-import json
 import os
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import EagleError
-from ..files import atomic_path, atomic_write_bytes
-
-WEIGHTS = "model.safetensors"
-LEGACY_WEIGHTS = "pytorch_model.bin"
-CONFIG = "config.json"
+from .heads import DraftLM, read_head_files, write_head
 
 
 def _head_config(target_config):
@@ -42,6 +35,11 @@ def _head_config(target_config):
 
 
 class EagleHead(nn.Module):
+    """See draft/heads.py for the interface it shares with `Eagle3Head`."""
+
+    kind = "eagle1"
+    hidden_layers = None  # reads the target's feature f
+
     def __init__(self, target_config):
         super().__init__()
         from transformers import AutoModel
@@ -57,6 +55,19 @@ class EagleHead(nn.Module):
         decoder.layers[0].input_layernorm = nn.Identity()
         decoder.embed_tokens = None
         self.decoder = decoder
+        self.cache_config = decoder.config
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """EAGLE-1 reads f itself."""
+        return features
+
+    def draft_lm(self, target, draft_vocab: torch.Tensor | None = None) -> DraftLM:
+        """The target's LM head, cut to `draft_vocab` [Vd] (target ids) when one is given."""
+        weight, bias = target.lm_head.weight, getattr(target.lm_head, "bias", None)
+        if draft_vocab is None:
+            return DraftLM(None, weight, bias, None)
+        draft_vocab = draft_vocab.to(weight.device)
+        return DraftLM(None, weight[draft_vocab].contiguous(), None if bias is None else bias[draft_vocab], draft_vocab)
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
@@ -91,8 +102,6 @@ class EagleHead(nn.Module):
     def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None) -> None:
         """config.json (the target's config with one layer, as the published heads have) +
         model.safetensors, each written atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         cfg = self.target_config.to_dict()
@@ -101,44 +110,21 @@ class EagleHead(nn.Module):
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.get("model_type"))
         cfg.update(num_hidden_layers=1, bias=True, architectures=cfg.get("architectures") or ([arch] if arch else None))
         cfg.pop("layer_types", None)
-        if extra:
-            cfg["eaglespec"] = extra
-        atomic_write_bytes(directory / CONFIG, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
-        with atomic_path(directory / WEIGHTS) as tmp:
-            save_file(self.eagle_state_dict(), tmp, metadata={"format": "pt"})
+        write_head(directory, cfg, self.eagle_state_dict(), extra)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, target_config) -> "EagleHead":
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise EagleError(f"head directory {directory} does not exist: pass --head DIR (a folder with config.json and model.safetensors)")
-        weights = directory / WEIGHTS
-        if not weights.is_file() and (directory / LEGACY_WEIGHTS).is_file():
-            weights = directory / LEGACY_WEIGHTS  # the official EAGLE-1 releases
-        for path in (directory / CONFIG, weights):
-            if not path.is_file():
-                raise EagleError(f"head directory {directory} has no {path.name}: it is not an EAGLE head (expected config.json + model.safetensors)")
-        try:
-            cfg = json.loads((directory / CONFIG).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EagleError(f"{directory / CONFIG} is not valid JSON ({exc}); re-export the head") from exc
+        cfg, sd, _ = read_head_files(directory)
+        return cls.from_files(cfg, sd, target_config, str(directory))
+
+    @classmethod
+    def from_files(cls, cfg: dict, sd: dict[str, torch.Tensor], target_config, source: str) -> "EagleHead":
         for key in ("hidden_size", "vocab_size"):
             theirs, ours = cfg.get(key), getattr(target_config, key)
             if theirs is not None and theirs != ours:
-                raise EagleError(f"head {directory} has {key}={theirs} but the target has {key}={ours}: it was trained for another target")
-        try:
-            if weights.name == LEGACY_WEIGHTS:  # tensors only: never unpickle code
-                sd = torch.load(weights, map_location="cpu", weights_only=True)
-            else:
-                sd = load_file(weights)
-        except Exception as exc:  # safetensors / torch raise their own error types for corrupt files
-            raise EagleError(f"{weights} is not a readable weights file ({exc}); re-export the head") from exc
+                raise EagleError(f"head {source} has {key}={theirs} but the target has {key}={ours}: it was trained for another target")
         head = cls(target_config)
-        head.load_eagle_state_dict(sd, source=str(directory))
+        head.load_eagle_state_dict(sd, source=source)
         return head
 
-    @staticmethod
-    def read_extra(directory: str | os.PathLike) -> dict:
-        cfg = json.loads((Path(directory) / CONFIG).read_text())
-        return cfg.get("eaglespec", {})
 
