@@ -46,11 +46,11 @@ class FailingTarget:
     def __getattr__(self, name):
         return getattr(self.target, name)
 
-    def features(self, input_ids):
+    def capture_states(self, input_ids, attention_mask=None, layers=None):
         self.calls -= 1
         if self.calls < 0:
             raise Interrupted
-        return self.target.features(input_ids)
+        return self.target.capture_states(input_ids, attention_mask, layers)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ class FailingDataset:
 
     def __init__(self, dataset, reads):
         self.dataset, self.reads, self.identity = dataset, reads, dataset.identity
+        self.layers = getattr(dataset, "layers", None)
 
     def __len__(self):
         return len(self.dataset)

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 from ..target import FINGERPRINT_SCHEME
-from .config import CaptureConfig, to_dict
+from .config import CaptureConfig, parse_layers, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
 
 MANIFEST = "manifest.json"
@@ -42,6 +42,7 @@ class Sample:
     input_ids: torch.Tensor  # [T] int64
     loss_mask: torch.Tensor  # [T] bool
     features: torch.Tensor   # [T, H] f from the target
+    hidden: torch.Tensor | None = None  # [T, k*H] the fused layers of an EAGLE-3 head, when captured
 
 
 def shard_name(index: int) -> str:
@@ -87,6 +88,8 @@ def _write_shard(directory: Path, index: int, examples: list[Sample]) -> dict:
         "features": torch.cat([s.features for s in examples]).contiguous(),
         "offsets": offsets,
     }
+    if examples[0].hidden is not None:
+        tensors["hidden"] = torch.cat([s.hidden for s in examples]).contiguous()
     with atomic_path(directory / shard_name(index)) as tmp:
         save_file(tensors, tmp)
     return {"file": shard_name(index), "examples": len(examples), "tokens": int(offsets[-1])}
@@ -129,6 +132,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
         raise EagleError(f"no examples to capture into {directory}")
     examples = itertools.chain([first], examples)
 
+    layers = parse_layers(config.aux_layers, target.config.num_hidden_layers) if config.aux_layers else None
     directory.mkdir(parents=True, exist_ok=True)
     if overwrite:
         _clear(directory)
@@ -137,6 +141,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
             raise EagleError(f"{directory} is not empty and holds no capture: pass an empty or new --out")
         manifest = {"format": FORMAT, "target": target.identity(), "options": options,
                     "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
+                    "aux_layers": list(layers) if layers else None,
                     "data_sha256": digest, "examples": 0, "tokens": 0, "shards": [], "complete": False,
                     "summary": None}
         _write_manifest(directory, manifest)
@@ -147,8 +152,9 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     pending: list[Sample] = []
     with bar:
         for example in itertools.islice(examples, done, None):
-            features = target.features(example.input_ids[None])[0]  # [T, H]
-            pending.append(Sample(example.input_ids, example.loss_mask, features.to(storage).cpu()))
+            states = target.capture_states(example.input_ids[None], layers=layers)
+            hidden = states.hidden[0].to(storage).cpu() if layers else None  # [T, k*H]
+            pending.append(Sample(example.input_ids, example.loss_mask, states.features[0].to(storage).cpu(), hidden))
             if bar.total is None and summary.available:  # known once the source is read: an upper bound
                 bar.total = min(summary.available, config.max_examples or summary.available)
             bar.update(1)
@@ -217,19 +223,27 @@ class FeatureDataset:
         handle, a, b = self._rows(index)
         return handle.get_slice("input_ids")[a:b].long(), handle.get_slice("loss_mask")[a:b].bool()
 
+    @property
+    def layers(self) -> tuple[int, ...] | None:
+        """The target layers whose fused states the capture holds (EAGLE-3), or None."""
+        ids = self.manifest.get("aux_layers")
+        return tuple(ids) if ids else None
+
     def __getitem__(self, index: int) -> Sample:
         handle, a, b = self._rows(index)
         input_ids, loss_mask = self.tokens(index)
-        return Sample(input_ids, loss_mask, handle.get_slice("features")[a:b])
+        hidden = handle.get_slice("hidden")[a:b] if self.layers else None
+        return Sample(input_ids, loss_mask, handle.get_slice("features")[a:b], hidden)
 
 
 class OnlineDataset:
     """Examples whose features are computed by the target when read: no disk, one target forward
     per read (training reads each example once per epoch, evaluation once more)."""
 
-    def __init__(self, target, examples: list[Example]):
+    def __init__(self, target, examples: list[Example], layers: tuple[int, ...] | None = None):
         self.target = target
         self.examples = examples
+        self.layers = layers
         self.identity = target.identity()
 
     def __len__(self) -> int:
@@ -240,4 +254,6 @@ class OnlineDataset:
 
     def __getitem__(self, index: int) -> Sample:
         example = self.examples[index]
-        return Sample(example.input_ids, example.loss_mask, self.target.features(example.input_ids[None])[0])
+        states = self.target.capture_states(example.input_ids[None], layers=self.layers)
+        return Sample(example.input_ids, example.loss_mask, states.features[0],
+                      states.hidden[0] if self.layers else None)

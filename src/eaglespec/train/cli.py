@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import EagleError
-from .config import CaptureConfig, DataConfig, TrainConfig, add_config_arguments, config_from_args, to_dict
+from .config import (CaptureConfig, DataConfig, DistillConfig, TrainConfig, add_config_arguments, config_from_args,
+                     parse_layers, to_dict)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -33,8 +34,8 @@ def add_capture_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "train", help="train an EAGLE-1 draft head for a target",
-        description="Train an EAGLE-1 head on captured features (--capture-dir) or on features computed on the fly "
+        "train", help="train an EAGLE-1 or EAGLE-3 draft head for a target",
+        description="Train an EAGLE-1 head (or an EAGLE-3 head with --head eagle3) on captured features (--capture-dir) or on features computed on the fly "
                     "(--online with --data). Resumes from the checkpoint in --out when there is one.")
     _add_common(p)
     source = p.add_mutually_exclusive_group(required=True)
@@ -48,6 +49,31 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     add_config_arguments(p, TrainConfig, "training recipe")
     p.set_defaults(func=run_train)
     return p
+
+
+def add_distill_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "distill", help="regenerate the assistant turns of conversations with the target (self-distilled data)",
+        description="Keep the system and user turns of each conversation and replace every assistant turn, in order, "
+                    "by the target's own reply to the conversation so far. Writes {\"messages\": [...]} records in "
+                    "chunk-NNNNN.jsonl files and a manifest; pass the directory as --data to capture or train. "
+                    "--max-examples counts the conversations kept; a prompt longer than --max-length ends its "
+                    "conversation before that turn (--overflow skip drops the conversation). Rerunning the same "
+                    "command continues an interrupted run.")
+    _add_common(p)
+    add_config_arguments(p, DistillConfig, "distill options")
+    p.set_defaults(func=run_distill)
+    return p
+
+
+def run_distill(args) -> int:
+    from .distill import describe, distill
+
+    config = config_from_args(DistillConfig, args)
+    target = _load_target(args)
+    manifest = distill(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
+    print(f"distilled {describe(manifest)}; {len(manifest['chunks'])} chunk(s) in {args.out}")
+    return 0
 
 
 def _load_target(args):
@@ -88,7 +114,8 @@ def run_train(args) -> int:
         target = _load_target(args)
         examples, summary = load_examples(target.tokenizer, data)
         print(summary.line(), flush=True)
-        dataset = OnlineDataset(target, examples)
+        layers = parse_layers(config.aux_layers, target.config.num_hidden_layers) if config.head == "eagle3" else None
+        dataset = OnlineDataset(target, examples, layers)
         info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens}
     result = train(target, dataset, config, args.out, device=args.device, overwrite=args.overwrite,
                    resume=args.resume, progress=args.progress, data_info=info)

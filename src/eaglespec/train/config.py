@@ -45,18 +45,82 @@ class CaptureConfig(DataConfig):
     feature_dtype: str = _opt("bf16", "storage dtype of the captured features", choices=FEATURE_DTYPES,
                               aliases=("--dtype",))
     shard_size: int = _opt(64, "examples per shard file (the unit of resumption)")
+    aux_layers: str | None = _opt(None, "also store the residual streams entering these target layers, for EAGLE-3 "
+                                  "heads: 'auto' (2, L/2, L-3, as EAGLE-3 and vLLM) or ids such as 2,15,27 "
+                                  "(default: none, EAGLE-1 only)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice(self, "feature_dtype")
+        if self.aux_layers is not None:
+            parse_layers(self.aux_layers, None)
         if self.shard_size < 1:
             raise EagleError(f"shard_size={self.shard_size}: pass --shard-size 1 or more")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """The EAGLE-1 training recipe (Li et al., 2024, section 4): defaults are the paper's."""
+class DistillConfig(DataConfig):
+    """Data options plus how the target regenerates the assistant turns (self-distilled data).
+    --max-examples counts conversations kept; a prompt longer than --max-length ends its
+    conversation before that turn (--overflow skip drops the whole conversation instead)."""
 
+    max_new_tokens: int = _opt(512, "longest regenerated reply in tokens")
+    temperature: float = _opt(0.0, "sampling temperature (0 = greedy)")
+    top_p: float = _opt(1.0, "nucleus sampling mass (with --temperature > 0)")
+    seed: int = _opt(0, "seed of the sampling (a function of it, the chunk, the batch and the turn)")
+    batch_size: int = _opt(8, "conversations generated together (left-padded)")
+    max_turns: int | None = _opt(None, "regenerate only the first N assistant turns; the conversation ends after "
+                                 "the N-th (default: all)")
+    chunk_size: int = _opt(64, "conversations per output chunk file (the unit of resumption)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("max_new_tokens", "batch_size", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise EagleError(f"{name}={getattr(self, name)}: pass --{_flag(name)} 1 or more")
+        if self.temperature < 0:
+            raise EagleError(f"temperature={self.temperature} is negative: pass --temperature 0 (greedy) or more")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EagleError(f"top_p={self.top_p}: pass --top-p in (0, 1] (1 = off)")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise EagleError(f"max_turns={self.max_turns}: pass a positive count or leave it unset")
+
+
+def parse_layers(text: str, num_layers: int | None) -> tuple[int, ...] | None:
+    """'auto' -> EAGLE-3's (2, L/2, L-3) once L is known (None before); '2,15,27' -> (2, 15, 27)."""
+    if text == "auto":
+        if num_layers is None:
+            return None
+        from ..draft.eagle3 import default_layer_ids
+
+        return default_layer_ids(num_layers)
+    try:
+        ids = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise EagleError(f"layer ids {text!r}: pass 'auto' or comma-separated layer numbers such as 2,15,27") from None
+    if not ids or min(ids) < 0 or (num_layers is not None and max(ids) >= num_layers):
+        raise EagleError(f"layer ids {text!r} must be in 0..{'L-1' if num_layers is None else num_layers - 1}"
+                         + ("" if num_layers is None else f" (the target has {num_layers} layers)"))
+    return ids
+
+
+HEAD_KINDS = ("eagle1", "eagle3")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The EAGLE-1 training recipe (Li et al., 2024, section 4) and EAGLE-3's (training-time
+    test, token loss only, its own draft vocabulary): defaults are the papers'."""
+
+    head: str = _opt("eagle1", "the head to train: eagle1 (feature + token loss on f) or eagle3 (fused target "
+                     "layers, training-time test, own draft vocabulary)", choices=HEAD_KINDS)
+    ttt_steps: int = _opt(7, "eagle3: training-time-test steps, the head unrolled on its own outputs (1 = no "
+                          "training-time test)")
+    ttt_decay: float = _opt(0.8, "eagle3: step k's loss is weighted decay**k (the official EAGLE-3 code)")
+    draft_vocab_size: int = _opt(8192, "eagle3: the head's own vocabulary, the most frequent assistant tokens "
+                                 "of the training split")
+    aux_layers: str = _opt("auto", "eagle3: target layers fused by the head ('auto' = 2, L/2, L-3); with "
+                           "--capture-dir it must be what the capture stored")
     epochs: int = _opt(1, "passes over the training split")
     lr: float = _opt(3e-5, "peak AdamW learning rate")
     beta1: float = _opt(0.9, "AdamW beta1")
@@ -66,7 +130,8 @@ class TrainConfig:
     warmup: int = _opt(100, "optimizer steps of linear learning-rate warm-up")
     schedule: str = _opt("linear", "learning rate after warm-up: 'linear' decay to 0 at the last step "
                          "(the official EAGLE code) or 'constant'", choices=("linear", "constant"))
-    noise: float = _opt(0.1, "input features get uniform noise U(-noise, noise) during training")
+    noise: float | None = _opt(None, "input features get uniform noise U(-noise, noise) during training (default: "
+                               "0.1 for eagle1, as the paper; 0 for eagle3, whose training-time test replaces it)")
     feature_loss_weight: float = _opt(1.0, "weight of the SmoothL1 feature-regression loss")
     token_loss_weight: float = _opt(0.1, "weight of the cross-entropy against the target's token distribution")
     grad_clip: float = _opt(0.5, "clip the gradient's global norm to this (0: no clipping)")
@@ -82,18 +147,30 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_choice(self, "schedule")
-        for name in ("epochs", "grad_accum", "eval_depths", "checkpoint_every", "log_every"):
+        _check_choice(self, "head")
+        parse_layers(self.aux_layers, None)
+        if self.ttt_decay <= 0:
+            raise EagleError(f"ttt_decay={self.ttt_decay}: pass --ttt-decay above 0")
+        for name in ("epochs", "grad_accum", "eval_depths", "checkpoint_every", "log_every", "ttt_steps",
+                     "draft_vocab_size"):
             if getattr(self, name) < 1:
                 raise EagleError(f"{name}={getattr(self, name)}: pass --{_flag(name)} 1 or more")
-        for name in ("lr", "noise", "grad_clip", "weight_decay", "warmup", "feature_loss_weight", "token_loss_weight"):
+        for name in ("lr", "grad_clip", "weight_decay", "warmup", "feature_loss_weight", "token_loss_weight"):
             if getattr(self, name) < 0:
                 raise EagleError(f"{name}={getattr(self, name)} is negative: pass --{_flag(name)} 0 or more")
+        if self.noise is not None and self.noise < 0:
+            raise EagleError(f"noise={self.noise} is negative: pass --noise 0 or more")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise EagleError(f"eval_fraction={self.eval_fraction}: pass --eval-fraction in [0, 1)")
         if self.loss_vocab is not None and self.loss_vocab < 1:
             raise EagleError(f"loss_vocab={self.loss_vocab}: pass a positive count or leave it unset")
         if self.max_steps is not None and self.max_steps < 1:
             raise EagleError(f"max_steps={self.max_steps}: pass a positive count or leave it unset")
+
+
+    @property
+    def feature_noise(self) -> float:
+        return self.noise if self.noise is not None else (0.1 if self.head == "eagle1" else 0.0)
 
 
 # -- dict round trip --------------------------------------------------------------------------

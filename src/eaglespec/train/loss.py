@@ -1,4 +1,4 @@
-"""The EAGLE-1 training loss and the held-out accuracies.
+"""The EAGLE-1 training loss, EAGLE-3's training-time-test loss, and the held-out accuracies.
 
 Alignment, as in the official EAGLE code (its `input_ids` and `target` are the sequence shifted
 left by one): for a sequence x[0..T-1] with target features f[0..T-1], position t in 0..T-2 gets
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 @dataclass
 class HeadInputs:
     embeds: torch.Tensor    # [1, T-1, H] embed(x[t+1])
-    features: torch.Tensor  # [1, T-1, H] f[t]
+    features: torch.Tensor  # [1, T-1, H] f[t] (EAGLE-1), or [1, T-1, k*H] the fused layers a[t] (EAGLE-3)
     target: torch.Tensor    # [1, T-1, H] f[t+1]
     mask: torch.Tensor      # [1, T-1] bool: x[t+2] is an assistant token
 
@@ -38,15 +38,17 @@ class LossParts:
 
 
 def head_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, features: torch.Tensor, embed_tokens,
-                dtype: torch.dtype, device) -> HeadInputs:
-    """One captured sequence (ids [T], mask [T], f [T, H]) -> the head's shifted inputs and targets."""
+                dtype: torch.dtype, device, hidden: torch.Tensor | None = None) -> HeadInputs:
+    """One captured sequence (ids [T], mask [T], f [T, H]) -> the head's shifted inputs and targets.
+    hidden [T, k*H]: the fused target layers an EAGLE-3 head reads in place of f."""
     ids = input_ids.to(device)
     f = features.to(device=device, dtype=dtype)
+    a = f if hidden is None else hidden.to(device=device, dtype=dtype)
     mask = torch.zeros_like(loss_mask, dtype=torch.bool)
     mask[:-2] = loss_mask[2:]
     with torch.no_grad():
         embeds = embed_tokens(ids[1:]).to(dtype)
-    return HeadInputs(embeds[None], f[None, :-1], f[None, 1:], mask[None, :-1].to(device))
+    return HeadInputs(embeds[None], a[None, :-1], f[None, 1:], mask[None, :-1].to(device))
 
 
 def _logits(lm_head, x: torch.Tensor) -> torch.Tensor:
@@ -89,3 +91,55 @@ def rollout_correct(head, inputs: HeadInputs, lm_head, depths: int) -> list[int]
         hits.append(int((_logits(lm_head, predicted[mask]).argmax(-1) == wanted).sum()))
         features = torch.cat([inputs.features[:, :1], predicted[:, :-1].to(features.dtype)], dim=1)
     return hits
+
+
+@dataclass
+class StepParts:
+    loss: torch.Tensor       # scalar, differentiable: sum over steps of decay**k * CE_k
+    token_loss: torch.Tensor  # scalar, detached: the same sum
+    step_loss: list[float]   # CE_k per step
+    correct: list[int]       # per step: masked positions where the draft's top-1 is the target's top-1
+    positions: list[int]     # per step: masked positions
+
+
+def ttt_loss(head, inputs: HeadInputs, target_lm, steps: int, decay: float,
+             wanted: torch.Tensor | None = None) -> StepParts:
+    """EAGLE-3's training-time test: the head unrolled `steps` times on its own outputs.
+
+    inputs.features holds the fused target layers a[t] (column t reads embed(x[t+1]) and a[t]).
+    Step k at column t is the depth-(k+1) draft from a context ending at t: it reads
+    embed(x[t+1+k]) and the step-(k-1) output, sees what `Eagle3Head.ttt_step` describes, and is
+    scored against the target's distribution p over x[t+k+2] (from f[t+k+1], `inputs.target` at
+    column t+k), renormalised over the draft vocabulary (`target_lm` holds the target's LM-head
+    rows for the head's draft ids, in draft-id order). Columns whose x[t+k+2] is not an assistant
+    token, or lies past the sequence, do not count. `wanted` [T-1]: the target's top-1 over its
+    full vocabulary at each column (for accuracies; default: the top-1 over the draft vocabulary).
+    """
+    embeds, mask = inputs.embeds, inputs.mask[0]
+    n = embeds.shape[1]
+    with torch.no_grad():
+        p_logits = _logits(target_lm, inputs.target[0])  # [T-1, Vd]
+        p = p_logits.softmax(-1)
+        if wanted is None:
+            wanted = head.target_ids()[p_logits.argmax(-1)]
+    hidden = head.encode(inputs.features)
+    keys, values = [], []
+    total = embeds.new_zeros((), dtype=torch.float32)
+    parts = StepParts(total, total, [], [], [])
+    ids = head.target_ids()
+    for k in range(min(steps, n)):
+        e = torch.cat([embeds[:, k:], embeds.new_zeros(1, k, embeds.shape[-1])], dim=1)  # x[t+1+k]; tail unread
+        positions = torch.arange(k, n + k, device=embeds.device)[None]
+        hidden = head.ttt_step(e, hidden, positions, keys, values)
+        cols = mask[k:].nonzero().flatten()  # columns t with x[t+k+2] an assistant token
+        if cols.numel() == 0:
+            parts.step_loss.append(0.0), parts.correct.append(0), parts.positions.append(0)
+            continue
+        logq = head.lm_head(head.norm(hidden[0, cols])).float().log_softmax(-1)  # [M, Vd]
+        ce = -(p[cols + k] * logq).sum(-1).mean()
+        total = total + decay ** k * ce
+        parts.step_loss.append(float(ce.detach()))
+        parts.correct.append(int((ids[logq.argmax(-1)] == wanted[cols + k]).sum()))
+        parts.positions.append(int(cols.numel()))
+    parts.loss, parts.token_loss = total, total.detach()
+    return parts

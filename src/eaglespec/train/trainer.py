@@ -1,4 +1,4 @@
-"""Training loop for an EAGLE-1 head (`eaglespec train`).
+"""Training loop for an EAGLE-1 or EAGLE-3 head (`eaglespec train`).
 
 One sequence per micro-batch, `grad_accum` of them per AdamW step. The data order is a function
 of (seed, epoch) alone, and a checkpoint holds everything else that a step depends on (head,
@@ -11,8 +11,9 @@ Files in the output directory:
     metrics.jsonl                    one JSON object per line: kind "train" (every log_every steps)
                                      or "eval" (after every epoch and at the end)
     loss_curve.png                   training and held-out losses, held-out accuracies
-    draft_vocab.safetensors          target token ids ranked by their count in the training split's
-                                     assistant tokens (the reduced draft vocabulary, draft/vocab.py)
+    draft_vocab.safetensors          EAGLE-1: target token ids ranked by their count in the training
+                                     split's assistant tokens (the reduced draft vocabulary,
+                                     draft/vocab.py); an EAGLE-3 head holds its own (d2t / t2d)
     checkpoint.pt                    while training runs; removed when it finishes
 """
 
@@ -29,12 +30,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..draft import vocab
-from ..draft.head import CONFIG, WEIGHTS, EagleHead
+from ..draft.eagle3 import Eagle3Config, Eagle3Head
+from ..draft.head import EagleHead
+from ..draft.heads import CONFIG, WEIGHTS
 from ..errors import EagleError
 from .capture import check_identity
-from .config import TrainConfig, from_dict, to_dict
+from .config import TrainConfig, from_dict, parse_layers, to_dict
 from ..files import atomic_path, atomic_write_bytes
-from .loss import HeadInputs, eagle_loss, head_inputs, rollout_correct
+from .loss import HeadInputs, LossParts, eagle_loss, head_inputs, rollout_correct, ttt_loss
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -44,7 +47,7 @@ _OUTPUTS = (CONFIG, WEIGHTS, METRICS, PLOT, CHECKPOINT, vocab.FILE)
 
 @dataclass
 class TrainResult:
-    head: EagleHead
+    head: EagleHead | Eagle3Head
     out_dir: Path
     steps: int
     history: list[dict]  # the rows of metrics.jsonl
@@ -119,9 +122,22 @@ class Trainer:
         self._resume = prepare_out_dir(self.out_dir, overwrite, resume)
 
         self.counts = vocab.count_tokens((dataset.tokens(i) for i in self.train_idx), target.vocab_size)
-        self.lm_head = self._loss_lm_head(config.loss_vocab)
+        ranked = torch.sort(self.counts, descending=True, stable=True).indices
         torch.manual_seed(config.seed)
-        self.head = EagleHead(target.config).to(self.device, torch.float32)
+        if config.head == "eagle1":
+            self.head = EagleHead(target.config).to(self.device, torch.float32)
+            self.lm_head = self._sliced_lm_head(None if config.loss_vocab is None else ranked[:config.loss_vocab])
+        else:
+            layers = parse_layers(config.aux_layers, target.config.num_hidden_layers)
+            if getattr(dataset, "layers", None) != layers:
+                raise EagleError(f"an EAGLE-3 head on layers {list(layers)} needs those target layers in its data, which holds "
+                                 f"{list(dataset.layers) if getattr(dataset, 'layers', None) else 'none'}: capture with "
+                                 f"--aux-layers {','.join(map(str, layers))} (or train with the layers the capture has)")
+            size = min(config.draft_vocab_size, target.vocab_size)
+            self.head = Eagle3Head(Eagle3Config.for_target(target.config, size, layers))
+            self.head.set_draft_vocab(ranked[:size])
+            self.head.to(self.device, torch.float32)
+            self.lm_head = self._sliced_lm_head(self.head.target_ids())
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -130,14 +146,14 @@ class Trainer:
         self.step, self.epoch, self.position, self.history = 0, 0, 0, []
         self.window: list[list[float]] = []  # per-step [loss, feature, token] since the last train row
 
-    def _loss_lm_head(self, size: int | None) -> torch.nn.Module:
-        """The target's LM head, or its rows for the `size` most frequent training tokens: p and q
-        are then both renormalised over that draft vocabulary, as the drafter uses it."""
+    def _sliced_lm_head(self, keep: torch.Tensor | None) -> torch.nn.Module:
+        """The target's LM head, or its rows for the target ids `keep` (a draft vocabulary): p (and
+        for EAGLE-1 q) are then renormalised over that vocabulary, as the drafter uses it."""
         full = self.target.lm_head
-        if size is None or size >= self.target.vocab_size:
+        if keep is None or keep.numel() >= self.target.vocab_size:
             return full
-        keep = torch.sort(self.counts, descending=True, stable=True).indices[:size]
-        sliced = torch.nn.Linear(full.in_features, size, bias=full.bias is not None).to(full.weight.device, full.weight.dtype)
+        keep = keep.to(full.weight.device)
+        sliced = torch.nn.Linear(full.in_features, keep.numel(), bias=full.bias is not None).to(full.weight.device, full.weight.dtype)
         with torch.no_grad():
             sliced.weight.copy_(full.weight[keep])
             if full.bias is not None:
@@ -153,19 +169,41 @@ class Trainer:
     # -- one sequence -------------------------------------------------------------------------
     def _inputs(self, index: int) -> HeadInputs:
         s = self.dataset[index]
-        return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, torch.float32, self.device)
+        hidden = s.hidden if self.config.head == "eagle3" else None
+        return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, torch.float32, self.device,
+                           hidden=hidden)
 
-    def _loss(self, inputs: HeadInputs, features: torch.Tensor):
+    def _loss(self, inputs: HeadInputs, features: torch.Tensor) -> LossParts:
+        c = self.config
         with self.autocast():
+            if c.head == "eagle3":
+                parts = ttt_loss(self.head, HeadInputs(inputs.embeds, features, inputs.target, inputs.mask),
+                                 self.lm_head, c.ttt_steps, c.ttt_decay)
+                zero = parts.token_loss.new_zeros(())
+                return LossParts(parts.loss, zero, parts.token_loss, parts.correct[0] if parts.correct else 0,
+                                 parts.positions[0] if parts.positions else 0)
             predicted = self.head(inputs.embeds, features)
             return eagle_loss(predicted, inputs.target, inputs.mask, self.lm_head,
-                              self.config.feature_loss_weight, self.config.token_loss_weight)
+                              c.feature_loss_weight, c.token_loss_weight)
+
+    def _depth_hits(self, inputs: HeadInputs, positions: int) -> list[tuple[int, int]]:
+        """(top-1 hits, positions) at draft depths 1..eval_depths (EAGLE-3: 1..max(eval_depths,
+        ttt_steps), teacher-forced tokens and the head's own states, against the target's top-1
+        over its full vocabulary)."""
+        c = self.config
+        with self.autocast():
+            if c.head == "eagle1":
+                return [(h, positions) for h in rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)]
+            wanted = self.target.lm_head(inputs.target[0].to(self.target.dtype)).argmax(-1)
+            parts = ttt_loss(self.head, inputs, self.lm_head, max(c.eval_depths, c.ttt_steps), c.ttt_decay, wanted)
+            return list(zip(parts.correct, parts.positions))
 
     def _noisy(self, features: torch.Tensor) -> torch.Tensor:
-        if self.config.noise == 0:
+        noise = self.config.feature_noise
+        if noise == 0:
             return features
         u = torch.rand(features.shape, generator=self.noise_rng, device=features.device, dtype=features.dtype)
-        return features + (2 * u - 1) * self.config.noise
+        return features + (2 * u - 1) * noise
 
     # -- checkpoints --------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -215,22 +253,24 @@ class Trainer:
         self.head.eval()
         c = self.config
         feature, token, positions = 0.0, 0.0, 0
-        hits = [0] * c.eval_depths
+        depths = c.eval_depths if c.head == "eagle1" else max(c.eval_depths, c.ttt_steps)
+        hits, counted = [0] * depths, [0] * depths
         for index in self.eval_idx:
             inputs = self._inputs(index)
             parts = self._loss(inputs, inputs.features)
-            with self.autocast():
-                for k, h in enumerate(rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)):
-                    hits[k] += h
+            for k, (h, m) in enumerate(self._depth_hits(inputs, parts.positions)):
+                hits[k] += h
+                counted[k] += m
             feature += float(parts.feature_loss) * parts.positions
             token += float(parts.token_loss) * parts.positions
             positions += parts.positions
         self.head.train()
         n = max(positions, 1)
+        weights = (c.feature_loss_weight, c.token_loss_weight) if c.head == "eagle1" else (0.0, 1.0)
         row = {"kind": "eval", "step": self.step, "epoch": self.epoch, "examples": len(self.eval_idx),
                "positions": positions, "feature_loss": feature / n, "token_loss": token / n,
-               "loss": (c.feature_loss_weight * feature + c.token_loss_weight * token) / n}
-        row.update({f"acc_depth{k + 1}": h / n for k, h in enumerate(hits)})
+               "loss": (weights[0] * feature + weights[1] * token) / n}
+        row.update({f"acc_depth{k + 1}": h / max(m, 1) for k, (h, m) in enumerate(zip(hits, counted))})
         return row
 
     # -- the loop -----------------------------------------------------------------------------
@@ -303,7 +343,8 @@ class Trainer:
             "final_eval": last_eval(self.history),
         }
         self.head.save_pretrained(self.out_dir, extra=extra)
-        vocab.save_draft_vocab(self.out_dir, self.counts)
+        if self.config.head == "eagle1":
+            vocab.save_draft_vocab(self.out_dir, self.counts)
         self._write_metrics(plot=True)
         (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
         return TrainResult(self.head, self.out_dir, self.step, list(self.history))
@@ -337,6 +378,8 @@ def plot_history(history: list[dict], path: Path) -> None:
     eval_rows = [r for r in history if r["kind"] == "eval"]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for key, style in (("loss", "-"), ("feature_loss", "--"), ("token_loss", ":")):
+        if not any(r[key] > 0 for r in train_rows + eval_rows):
+            continue  # EAGLE-3 has no feature loss
         if train_rows:
             ax_loss.plot([r["step"] for r in train_rows], [r[key] for r in train_rows], style, label=f"train {key}")
         if eval_rows:
