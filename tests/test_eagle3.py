@@ -297,3 +297,18 @@ def test_bad_eagle3_heads_are_refused(tmp_path, case, message):
         load_head(tmp_path, target.config)
     assert "\n" not in str(info.value)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_sharded_heads_load_like_one_file(tmp_path):
+    """Hugging Face's sharded layout (a device's files come back at most 16 MB each)."""
+    target = tiny_target("llama")
+    head = eagle3_head(target)
+    head.save_pretrained(tmp_path / "one")
+    head.save_pretrained(tmp_path / "sharded", max_shard_bytes=60_000)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    a, b = load_head(tmp_path / "one", target.config), load_head(tmp_path / "sharded", target.config)
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    (tmp_path / "sharded" / shards[-1]).unlink()
+    with pytest.raises(EagleError, match=shards[-1]):
+        load_head(tmp_path / "sharded", target.config)

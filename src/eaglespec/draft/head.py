@@ -99,7 +99,8 @@ class EagleHead(nn.Module):
         self.fc.load_state_dict({k[3:]: sd[k] for k in expected if k.startswith("fc.")})
         self.decoder.layers.load_state_dict({k[7:]: sd[k] for k in expected if k.startswith("layers.")})
 
-    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None,
+                        max_shard_bytes: int | None = None) -> None:
         """config.json (the target's config with one layer, as the published heads have) +
         model.safetensors, each written atomically."""
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -110,7 +111,7 @@ class EagleHead(nn.Module):
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.get("model_type"))
         cfg.update(num_hidden_layers=1, bias=True, architectures=cfg.get("architectures") or ([arch] if arch else None))
         cfg.pop("layer_types", None)
-        write_head(directory, cfg, self.eagle_state_dict(), extra)
+        write_head(directory, cfg, self.eagle_state_dict(), extra, max_shard_bytes)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, target_config) -> "EagleHead":

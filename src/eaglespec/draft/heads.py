@@ -28,6 +28,7 @@ from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 
 WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"  # Hugging Face's sharded layout: weight_map tensor -> shard file
 LEGACY_WEIGHTS = "pytorch_model.bin"
 CONFIG = "config.json"
 
@@ -68,7 +69,9 @@ def read_head_files(directory: str | os.PathLike) -> tuple[dict, dict[str, torch
     if not directory.is_dir():
         raise EagleError(f"head directory {directory} does not exist: pass --head DIR (a folder with config.json and model.safetensors)")
     weights = directory / WEIGHTS
-    if not weights.is_file() and (directory / LEGACY_WEIGHTS).is_file():
+    if not weights.is_file() and (directory / INDEX).is_file():
+        weights = directory / INDEX
+    elif not weights.is_file() and (directory / LEGACY_WEIGHTS).is_file():
         weights = directory / LEGACY_WEIGHTS  # the official releases
     for path in (directory / CONFIG, weights):
         if not path.is_file():
@@ -82,6 +85,12 @@ def read_head_files(directory: str | os.PathLike) -> tuple[dict, dict[str, torch
     try:
         if weights.name == LEGACY_WEIGHTS:  # tensors only: never unpickle code
             sd = torch.load(weights, map_location="cpu", weights_only=True)
+        elif weights.name == INDEX:
+            shards = sorted(set(json.loads(weights.read_text())["weight_map"].values()))
+            sd = {}
+            for shard in shards:
+                weights = directory / shard
+                sd.update(load_file(weights))
         else:
             sd = load_file(weights)
     except Exception as exc:  # safetensors / torch raise their own error types for corrupt files
@@ -113,15 +122,34 @@ def load_head(directory: str | os.PathLike, target_config):
     return head
 
 
-def write_head(directory: str | os.PathLike, cfg: dict, tensors: dict[str, torch.Tensor], extra: dict | None) -> None:
-    """config.json (+ our `eaglespec` block) and model.safetensors, each written atomically."""
+def write_head(directory: str | os.PathLike, cfg: dict, tensors: dict[str, torch.Tensor], extra: dict | None,
+               max_shard_bytes: int | None = None) -> None:
+    """config.json (+ our `eaglespec` block) and model.safetensors, each written atomically; with
+    max_shard_bytes, Hugging Face's sharded layout (model-0000k-of-0000n.safetensors + index)
+    when the tensors are larger, as every HF-format reader (vLLM, SGLang) accepts."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if extra:
         cfg = {**cfg, "eaglespec": extra}
     atomic_write_bytes(directory / CONFIG, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
-    with atomic_path(directory / WEIGHTS) as tmp:
-        save_file(tensors, tmp, metadata={"format": "pt"})
+    sizes = {k: v.numel() * v.element_size() for k, v in tensors.items()}
+    if max_shard_bytes is None or sum(sizes.values()) <= max_shard_bytes:
+        with atomic_path(directory / WEIGHTS) as tmp:
+            save_file(tensors, tmp, metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    for k, v in tensors.items():
+        if shards[-1] and sum(sizes[n] for n in shards[-1]) + sizes[k] > max_shard_bytes:
+            shards.append({})
+        shards[-1][k] = v
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        with atomic_path(directory / name) as tmp:
+            save_file(shard, tmp, metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+    atomic_write_bytes(directory / INDEX, json.dumps(index, indent=2).encode())
 
 
 def read_extra(directory: str | os.PathLike) -> dict:

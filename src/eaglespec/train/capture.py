@@ -116,6 +116,11 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
             diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
             raise EagleError(f"capture directory {directory} was made with other options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite or another --out")
+        dtype = str(target.dtype).removeprefix("torch.")
+        if manifest.get("compute_dtype", dtype) != dtype:
+            raise EagleError(f"capture directory {directory} was started with the target in {manifest['compute_dtype']}, "
+                             f"this run has {dtype}: resume with --compute-dtype {manifest['compute_dtype']}, or pass "
+                             "--overwrite or another --out")
         if manifest["complete"]:
             return manifest
     digest = None if examples is not None else source_digest(config.data)  # given examples have no file
@@ -142,6 +147,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
         manifest = {"format": FORMAT, "target": target.identity(), "options": options,
                     "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
                     "aux_layers": list(layers) if layers else None,
+                    "compute_dtype": str(target.dtype).removeprefix("torch."),
                     "data_sha256": digest, "examples": 0, "tokens": 0, "shards": [], "complete": False,
                     "summary": None}
         _write_manifest(directory, manifest)

@@ -18,6 +18,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--overwrite", action="store_true", help="replace what an earlier run wrote into --out")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--compute-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="target and training arithmetic: auto = bfloat16 on CUDA or on a CPU with native bf16 matrix "
+                        "units (AVX512-BF16, AMX), float32 otherwise (default: auto)")
 
 
 def add_capture_parser(subparsers) -> argparse.ArgumentParser:
@@ -77,9 +80,12 @@ def run_distill(args) -> int:
 
 
 def _load_target(args):
-    from ..target import default_dtype, load_target
+    from ..target import compute_dtype, load_target
 
-    return load_target(args.target, dtype=default_dtype(args.device), device=args.device, check=False)
+    dtype = compute_dtype(args.compute_dtype, args.device)
+    if args.progress:
+        print(f"compute dtype: {str(dtype).removeprefix('torch.')} on {args.device}", flush=True)
+    return load_target(args.target, dtype=dtype, device=args.device, check=False)
 
 
 def run_capture(args) -> int:
@@ -117,8 +123,8 @@ def run_train(args) -> int:
         layers = parse_layers(config.aux_layers, target.config.num_hidden_layers) if config.head == "eagle3" else None
         dataset = OnlineDataset(target, examples, layers)
         info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens}
-    result = train(target, dataset, config, args.out, device=args.device, overwrite=args.overwrite,
-                   resume=args.resume, progress=args.progress, data_info=info)
+    result = train(target, dataset, config, args.out, device=args.device, compute_dtype=target.dtype,
+                   overwrite=args.overwrite, resume=args.resume, progress=args.progress, data_info=info)
     if result.final_eval and not args.progress:  # with progress on, the trainer printed it
         print(eval_line(result.final_eval))
     print(f"wrote head to {result.out_dir} after {result.steps} steps (metrics: {result.out_dir / 'metrics.jsonl'})")

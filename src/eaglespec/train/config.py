@@ -67,8 +67,9 @@ class DistillConfig(DataConfig):
     max_new_tokens: int = _opt(512, "longest regenerated reply in tokens")
     temperature: float = _opt(0.0, "sampling temperature (0 = greedy)")
     top_p: float = _opt(1.0, "nucleus sampling mass (with --temperature > 0)")
-    seed: int = _opt(0, "seed of the sampling (a function of it, the chunk, the batch and the turn)")
-    batch_size: int = _opt(8, "conversations generated together (left-padded)")
+    seed: int = _opt(0, "sampling seed (each generate call is seeded from it, the chunk, the turn and the batch)")
+    batch_size: int = _opt(8, "prompts generated together, left-padded: the same turn of as many conversations of a "
+                           "chunk, longest prompts first")
     max_turns: int | None = _opt(None, "regenerate only the first N assistant turns; the conversation ends after "
                                  "the N-th (default: all)")
     chunk_size: int = _opt(64, "conversations per output chunk file (the unit of resumption)")
@@ -141,6 +142,8 @@ class TrainConfig:
     eval_fraction: float = _opt(0.05, "fraction of examples held out for evaluation")
     eval_depths: int = _opt(4, "report teacher-forced top-1 accuracy at draft depths 1..N")
     max_steps: int | None = _opt(None, "stop after this many optimizer steps in total (default: all epochs)")
+    time_limit: float | None = _opt(None, "stop after this many minutes of training in this run (checked after every "
+                                    "optimizer step), then evaluate and save as at the end (default: none)")
     seed: int = _opt(0, "seed of the head's initialisation, the split, the data order and the noise")
     checkpoint_every: int = _opt(50, "optimizer steps between checkpoints (one is also written after every epoch)")
     log_every: int = _opt(10, "optimizer steps between training-loss lines in metrics.jsonl")
@@ -164,6 +167,8 @@ class TrainConfig:
             raise EagleError(f"eval_fraction={self.eval_fraction}: pass --eval-fraction in [0, 1)")
         if self.loss_vocab is not None and self.loss_vocab < 1:
             raise EagleError(f"loss_vocab={self.loss_vocab}: pass a positive count or leave it unset")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise EagleError(f"time_limit={self.time_limit}: pass a positive number of minutes or leave it unset")
         if self.max_steps is not None and self.max_steps < 1:
             raise EagleError(f"max_steps={self.max_steps}: pass a positive count or leave it unset")
 

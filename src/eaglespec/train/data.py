@@ -70,26 +70,37 @@ def sharegpt_path() -> Path:
 
 
 def source_digest(source: str) -> str:
-    """SHA-256 of a --data file (or of the packaged ShareGPT): a resumed capture must read the same."""
+    """SHA-256 of a --data source: a resumed capture or distill run must read the same. For a
+    distill directory, of its manifest and chunk files (names and bytes, in order)."""
     import hashlib
 
-    path = sharegpt_path() if source == SHAREGPT else Path(source).expanduser()
-    if not path.is_file():
-        raise EagleError(f"data file {path} not found: pass --data FILE.json|FILE.jsonl or --data sharegpt")
+    path = _source_path(source)
+    files = distilled_files(path) if path.is_dir() else [path]
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
+    for file in files:
+        if path.is_dir():
+            h.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                h.update(block)
     return h.hexdigest()
+
+
+def _source_path(source: str) -> Path:
+    path = sharegpt_path() if source == SHAREGPT else Path(source).expanduser()
+    if not (path.is_file() or path.is_dir()):
+        raise EagleError(f"data file {path} not found: pass --data FILE.json|FILE.jsonl, --data sharegpt "
+                         "or --data DIR (a directory written by eaglespec distill)")
+    return path
 
 
 def read_records(source: str) -> tuple[list, bool]:
     """-> (records, whether the file ended inside a record). Only the packaged ShareGPT file may be
     cut short (its PyPI copy is); a user file that is must be fixed."""
     packaged = source == SHAREGPT
-    path = sharegpt_path() if packaged else Path(source).expanduser()
-    if not path.is_file():
-        raise EagleError(f"data file {path} not found: pass --data FILE.json|FILE.jsonl or --data sharegpt")
+    path = _source_path(source)
+    if path.is_dir():
+        return [record for file in distilled_files(path)[1:] for record in _read_jsonl(file)], False
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -97,15 +108,56 @@ def read_records(source: str) -> tuple[list, bool]:
     if not text.strip():
         raise EagleError(f"data file {path} is empty: it needs conversations in ShareGPT or OpenAI messages format")
     if path.suffix == ".jsonl":
-        records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise EagleError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove that line") from exc
-        return records, False
+        return _read_jsonl(path, text), False
     return _read_json(text, path, tolerate_cut=packaged)
+
+
+def _read_jsonl(path: Path, text: str | None = None) -> list:
+    records = []
+    text = path.read_text(encoding="utf-8") if text is None else text
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise EagleError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove that line") from exc
+    return records
+
+
+# -- directories written by eaglespec distill (train/distill.py writes them) --------------------
+DISTILL_FORMAT = "eaglespec-distill/1"
+DISTILL_MANIFEST = "manifest.json"
+
+
+def read_distill_manifest(directory: Path, fix: str) -> dict:
+    """The manifest of a distill directory; `fix` ends the message when `directory` is not one."""
+    path = directory / DISTILL_MANIFEST
+    if not path.is_file():
+        raise EagleError(f"{directory} holds no {DISTILL_MANIFEST}, so it was not written by eaglespec distill: {fix}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EagleError(f"{path} is not valid JSON ({exc}): {fix}") from exc
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found != DISTILL_FORMAT:
+        raise EagleError(f"{path} has format {found!r}, not {DISTILL_FORMAT!r}, so {directory} was not written "
+                         f"by this eaglespec distill: {fix}")
+    return manifest
+
+
+def distilled_files(directory: Path) -> list[Path]:
+    """[manifest, chunk files in order] of a finished distill run; an unfinished one is refused."""
+    manifest = read_distill_manifest(directory, "pass --data FILE.json|FILE.jsonl, --data sharegpt or a distill "
+                                                "output directory")
+    if not manifest["complete"]:
+        raise EagleError(f"distill run in {directory} is incomplete ({manifest['conversations']} of "
+                         f"{manifest['total']} conversations): rerun the same eaglespec distill command to finish it")
+    files = [directory / DISTILL_MANIFEST] + [directory / chunk["file"] for chunk in manifest["chunks"]]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise EagleError(f"{directory / missing[0]} is missing: the distill run is damaged; rerun eaglespec "
+                         "distill with --overwrite")
+    return files
 
 
 _SEPARATORS = re.compile(r"[\s,]*")
@@ -200,12 +252,9 @@ def check_tokenizer(tokenizer) -> None:
                          "use an instruction-tuned target or set tokenizer.chat_template")
 
 
-def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterator[Example]:
-    """Usable examples in source order (deterministic: capture resumes by counting them);
-    `summary` is updated as they are produced."""
-    check_tokenizer(tokenizer)
-    from jinja2.exceptions import TemplateError
-
+def iter_conversations(config: DataConfig, summary: DataSummary) -> Iterator[list[dict]]:
+    """Normalized conversations with an assistant turn, in source order, until the consumer has
+    counted `config.max_examples` usable ones in `summary.examples`."""
     records, summary.source_truncated = read_records(config.data)
     summary.available = len(records)
     where = "packaged ShareGPT" if config.data == SHAREGPT else config.data
@@ -220,6 +269,16 @@ def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterat
         if not any(m["role"] == "assistant" for m in messages):
             summary.skipped_no_assistant += 1
             continue
+        yield messages
+
+
+def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterator[Example]:
+    """Usable examples in source order (deterministic: capture resumes by counting them);
+    `summary` is updated as they are produced."""
+    check_tokenizer(tokenizer)
+    from jinja2.exceptions import TemplateError
+
+    for messages in iter_conversations(config, summary):
         try:
             example = render(messages, tokenizer)
         except (TemplateError, TemplateMismatch):

@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +102,10 @@ def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
 
 class Trainer:
     def __init__(self, target, dataset, config: TrainConfig, out_dir: str | os.PathLike, device: str = "cpu",
-                 overwrite: bool = False, resume: bool = True, progress: bool = True, data_info: dict | None = None):
+                 overwrite: bool = False, resume: bool = True, progress: bool = True, data_info: dict | None = None,
+                 compute_dtype: torch.dtype | None = None):
+        """compute_dtype: the autocast dtype of the head's arithmetic (master weights stay fp32);
+        default bf16 on CUDA, fp32 on CPU (`target.fast_dtype` picks bf16 where a CPU has it natively)."""
         check_identity(dataset.identity, target, "the training data")
         if len(dataset) < 2 and config.eval_fraction > 0:
             raise EagleError(f"{len(dataset)} example(s) cannot be split into training and held-out sets: "
@@ -109,6 +113,7 @@ class Trainer:
         self.target, self.dataset, self.config = target, dataset, config
         self.out_dir = Path(out_dir).expanduser()
         self.device = torch.device(device)
+        self.compute_dtype = compute_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.progress = progress
         self.data_info = {"examples": len(dataset), **(data_info or {})}
         target.model.requires_grad_(False)
@@ -161,9 +166,9 @@ class Trainer:
         return sliced.requires_grad_(False)
 
     def autocast(self):
-        """bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU, which has no bf16 kernels."""
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast (fp32 master weights) when the compute dtype is bf16; plain fp32 otherwise."""
+        if self.compute_dtype == torch.bfloat16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # -- one sequence -------------------------------------------------------------------------
@@ -281,10 +286,11 @@ class Trainer:
         self.head.train()
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not self.progress,
                    dynamic_ncols=True)
+        deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
         with bar:
-            while self.step < self.total_steps and self.epoch < c.epochs:
+            while self.step < self.total_steps and self.epoch < c.epochs and not _past(deadline):
                 order = epoch_order(self.train_idx, c.seed, self.epoch)
-                while self.position < len(order) and self.step < self.total_steps:
+                while self.position < len(order) and self.step < self.total_steps and not _past(deadline):
                     group = order[self.position: self.position + c.grad_accum]
                     losses = [0.0, 0.0, 0.0]
                     for index in group:
@@ -353,6 +359,10 @@ class Trainer:
         atomic_write_bytes(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
         if plot:  # after every epoch and at the end: a plot per checkpoint would cost more than tiny steps
             plot_history(self.history, self.out_dir / PLOT)
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
 
 
 def train(target, dataset, config: TrainConfig, out_dir, **kwargs) -> TrainResult:

@@ -1,0 +1,220 @@
+"""The GPU head recipe: SmolLM2's EAGLE-3 and EAGLE-1 heads from one CUDA GPU in at most 8 minutes.
+
+A lent GPU machine reaches no package registry and a call carries at most 64 MiB, while the
+default model's GGUF alone is 98 MB. So the recipe has two halves (docs/gpu.md has the calls):
+
+    python -m eaglespec.gpu_recipe bundle --out .device        (here, on CPU, once)
+        .device/a/  the GGUF's first half, wheels the GPU image lacks (gguf, transformers)
+        .device/b/  the GGUF's second half, pre-rendered ShareGPT examples (examples.npz),
+                    MT-bench's question.jsonl, bundle.json (SHA-256 of the GGUF, data summary)
+    python -m eaglespec.gpu_recipe run --bundle .device --out $OUT --device cuda   (on the GPU)
+        reassembles and verifies the GGUF, trains EAGLE-3 then EAGLE-1 on the examples with the
+        target computing features on the fly (no disk), measures tau on MT-bench first turns, and
+        writes the two heads (bf16, shards of at most 15 MB) and summary.json into --out.
+
+`--dry-run` runs every stage at toy size (a few examples, two optimizer steps, one question of
+8 tokens), so the whole path is tested on CPU before a GPU is ever used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import EagleError
+from .files import atomic_path, atomic_write_bytes
+
+PARTS = ("a", "b")
+EXAMPLES = "examples.npz"
+BUNDLE = "bundle.json"
+QUESTIONS = "question.jsonl"
+SHARD_BYTES = 15_000_000  # files come back from a device machine at most 16 MB each
+# the GPU image has transformers 5.17 (its models take `past_key_values=`, ours pass `cache=`) and no gguf
+WHEELS = ("gguf==0.19.0", "transformers==5.24.0")
+JOINED = Path("/tmp/eaglespec-gpu-recipe")  # where the GPU side reassembles the GGUF
+
+
+# -- examples: token ids and loss masks, compact -------------------------------------------------
+def pack_examples(examples, path: Path) -> dict:
+    """[Example] -> path (.npz: ids uint16, packed mask bits, offsets). Returns counts."""
+    ids = np.concatenate([e.input_ids.numpy() for e in examples])
+    if ids.max() >= 1 << 16:
+        raise EagleError("the vocabulary exceeds 65,536 tokens: examples.npz stores ids as uint16")
+    mask = np.concatenate([e.loss_mask.numpy() for e in examples])
+    offsets = np.cumsum([0] + [len(e.input_ids) for e in examples]).astype(np.int64)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, ids=ids.astype(np.uint16), mask=np.packbits(mask), offsets=offsets)
+    return {"examples": len(examples), "tokens": int(offsets[-1])}
+
+
+def unpack_examples(path: Path, limit: int | None = None):
+    from .train.data import Example
+
+    with np.load(path, allow_pickle=False) as z:
+        ids, offsets = z["ids"].astype(np.int64), z["offsets"]
+        mask = np.unpackbits(z["mask"])[: len(ids)].astype(bool)
+    n = len(offsets) - 1 if limit is None else min(limit, len(offsets) - 1)
+    return [Example(torch.from_numpy(ids[offsets[i]:offsets[i + 1]].copy()),
+                    torch.from_numpy(mask[offsets[i]:offsets[i + 1]].copy())) for i in range(n)]
+
+
+# -- the GGUF in two halves ------------------------------------------------------------------------
+def split_file(source: Path, out: Path) -> dict:
+    data = source.read_bytes()
+    half = (len(data) + 1) // 2
+    for part, chunk in zip(PARTS, (data[:half], data[half:])):
+        (out / part).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(out / part / "model.part", chunk)
+    return {"name": source.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def join_file(bundle: Path, info: dict, work: Path) -> Path:
+    parts = [bundle / p / "model.part" for p in PARTS]
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise EagleError(f"the model's part(s) {missing} are missing: send .device/a in one call and .device/b in the "
+                         "next, on the same warm machine (docs/gpu.md)")
+    data = b"".join(p.read_bytes() for p in parts)
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        raise EagleError(f"the reassembled {info['name']} does not match its SHA-256: rebuild the bundle and resend both parts")
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / info["name"]
+    atomic_write_bytes(path, data)
+    return path
+
+
+# -- bundle (CPU side) -----------------------------------------------------------------------------
+def bundle(out: Path, conversations: int, max_length: int, wheels: bool) -> dict:
+    from .bench.datasets import mt_bench_path
+    from .target import default_gguf_path, load_target
+    from .train.config import DataConfig
+    from .train.data import DataSummary, iter_examples, source_digest
+
+    gguf = default_gguf_path()
+    target = load_target(str(gguf), check=False)
+    summary = DataSummary()
+    config = DataConfig(data="sharegpt", max_examples=conversations, max_length=max_length)
+    examples = list(iter_examples(target.tokenizer, config, summary))
+    out.mkdir(parents=True, exist_ok=True)
+    info = {"gguf": split_file(gguf, out), "target": target.identity(),
+            "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
+                     "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()}}
+    shutil.copyfile(mt_bench_path(), out / "b" / QUESTIONS)
+    if wheels:
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.12", "--implementation", "cp", "-d", str(out / "a" / "whl"), *WHEELS],
+                       check=True)
+    atomic_write_bytes(out / "b" / BUNDLE, json.dumps(info, indent=2).encode())
+    return info
+
+
+# -- run (GPU side) --------------------------------------------------------------------------------
+def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str) -> dict:
+    from .decoding import EagleGenerator
+
+    gen = EagleGenerator(target, head, tree)
+    emitted = steps = tokens = 0
+    start = time.perf_counter()
+    for q in questions:
+        result = gen.generate(q, max_new_tokens=max_new_tokens)
+        emitted += sum(s.emitted for s in result.steps)
+        steps += len(result.steps)
+        tokens += len(result.token_ids)
+    return {"questions": len(questions), "tree": tree, "max_new_tokens": max_new_tokens,
+            "tau": emitted / max(steps, 1), "tokens": tokens, "seconds": time.perf_counter() - start}
+
+
+def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool, tau_questions: int) -> dict:
+    from .bench.datasets import load_jsonl
+    from .draft.heads import load_head
+    from .target import default_dtype, load_target
+    from .train.capture import OnlineDataset
+    from .train.config import TrainConfig, parse_layers
+    from .train.trainer import train
+
+    started = time.perf_counter()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EagleError("--device cuda, but torch sees no CUDA GPU here: run on the GPU machine, or pass --device cpu --dry-run")
+    info = json.loads((bundle_dir / "b" / BUNDLE).read_text())
+    work = out / "work"
+    gguf = join_file(bundle_dir, info["gguf"], JOINED)
+    target = load_target(str(gguf), dtype=default_dtype(device), device=device, check=True)
+    if target.identity()["fingerprint"] != info["target"]["fingerprint"]:
+        raise EagleError("the reassembled model is not the one the bundle's examples were rendered for: rebuild the bundle")
+    examples = unpack_examples(bundle_dir / "b" / EXAMPLES, limit=6 if dry_run else None)
+    questions = [q.turns[0] for q in load_jsonl(bundle_dir / "b" / QUESTIONS)][: 1 if dry_run else tau_questions]
+    budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau
+    summary = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+               "dtype": str(target.dtype), "examples_available": len(examples), "bundle": info["data"], "heads": {}}
+    for kind in ("eagle3", "eagle1"):
+        t0 = time.perf_counter()
+        layers = parse_layers("auto", target.config.num_hidden_layers) if kind == "eagle3" else None
+        config = TrainConfig(head=kind, epochs=1, lr=6e-4 if kind == "eagle1" else 1e-3, grad_accum=2 if dry_run else 8,
+                             warmup=2 if dry_run else 50, schedule="constant", loss_vocab=8192 if kind == "eagle1" else None,
+                             eval_fraction=0.34 if dry_run else 0.02, checkpoint_every=10 ** 9,
+                             max_steps=2 if dry_run else None, time_limit=None if dry_run else budget[kind])
+        result = train(target, OnlineDataset(target, examples, layers), config, work / kind, device=device,
+                       progress=False, overwrite=True,
+                       data_info={"source": "gpu-recipe bundle", "sharegpt_sha256": info["data"]["sharegpt_sha256"]})
+        head = result.head.to(torch.bfloat16)
+        extra = json.loads((work / kind / "config.json").read_text()).get("eaglespec", {})
+        head.save_pretrained(out / kind, extra=extra, max_shard_bytes=SHARD_BYTES)
+        if kind == "eagle1":
+            shutil.copyfile(work / kind / "draft_vocab.safetensors", out / kind / "draft_vocab.safetensors")
+        trained = time.perf_counter() - t0
+        loaded = load_head(out / kind, target.config).to(device=target.device, dtype=target.dtype)
+        tau = _tau(target, loaded, questions, 8 if dry_run else 256, "eagle1")
+        summary["heads"][kind] = {"steps": result.steps, "train_seconds": trained, "final_eval": result.final_eval,
+                                  "history": result.history, "mt_bench": tau}
+        print(f"[gpu-recipe] {kind}: {result.steps} steps in {trained:.0f} s, tau {tau['tau']:.2f} on "
+              f"{tau['questions']} MT-bench questions", flush=True)
+    shutil.rmtree(work)
+    summary["seconds"] = time.perf_counter() - started
+    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eaglespec.gpu_recipe", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bundle", help="(CPU) write what the GPU machine cannot fetch into --out, in two parts")
+    b.add_argument("--out", type=Path, default=Path(".device"))
+    b.add_argument("--conversations", type=int, default=6000, help="ShareGPT conversations to pre-render")
+    b.add_argument("--max-length", type=int, default=1024)
+    b.add_argument("--no-wheels", dest="wheels", action="store_false", help="do not download the wheels")
+    j = sub.add_parser("join", help="(GPU) reassemble and verify the GGUF (for make device-check --target)")
+    j.add_argument("--bundle", type=Path, default=Path(".device"))
+    r = sub.add_parser("run", help="(GPU) train both heads, measure tau, write them into --out")
+    r.add_argument("--bundle", type=Path, default=Path(".device"))
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--minutes", type=float, default=8.0, help="the whole budget; training gets 70%% of it")
+    r.add_argument("--tau-questions", type=int, default=20, help="MT-bench first turns for tau (80 on CPU later)")
+    r.add_argument("--dry-run", action="store_true", help="every stage at toy size (CPU)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "bundle":
+            info = bundle(args.out, args.conversations, args.max_length, args.wheels)
+            print(f"bundle in {args.out}: {info['data']['examples']} examples, {info['data']['tokens']} tokens")
+        elif args.command == "join":
+            info = json.loads((args.bundle / "b" / BUNDLE).read_text())
+            print(join_file(args.bundle, info["gguf"], JOINED))
+        else:
+            run(args.bundle, args.out, args.device, args.minutes, args.dry_run, args.tau_questions)
+    except EagleError as exc:
+        parser.exit(2, f"gpu_recipe: error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
