@@ -78,3 +78,20 @@ def test_auto_tree_comes_from_the_head_directory(tmp_path):
     assert gen.tuned.predicted_tau == chain + 1 >= 2
     assert gen.generate(input_ids=PROMPT, max_new_tokens=12).token_ids == \
         gen.generate(input_ids=PROMPT, max_new_tokens=12, speculative=False).token_ids
+
+
+def test_auto_tree_with_an_eagle3_head(tmp_path):
+    """Calibration, tuning and the chosen tree run through the head contract, whatever the kind."""
+    from test_eagle3 import eagle3_head
+
+    target = tiny_target("qwen3")
+    head = eagle3_head(target)
+    head.save_pretrained(tmp_path)
+    gen = EagleGenerator(target, head, "eagle1", head_dir=tmp_path)
+    stats = calibrate(gen, [PROMPT], max_new_tokens=24, stop_token_ids=set())
+    assert stats.steps > 0 and len(stats.p) == 6
+    stats.save(tmp_path)
+    use_auto_tree(gen)
+    assert gen.tuned is not None and gen.tree is gen.tuned.tree
+    assert gen.generate(input_ids=PROMPT, max_new_tokens=16, stop_token_ids=set()).token_ids == \
+        gen.generate(input_ids=PROMPT, max_new_tokens=16, speculative=False, stop_token_ids=set()).token_ids

@@ -129,7 +129,8 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256,
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     cache = target.new_cache()
-    features = target.forward(prompt, cache)[0]
+    layers = gen.head.hidden_layers
+    features = target.forward_states(prompt, cache, layers=layers).hidden[0]  # what the head reads
     base = cache.get_seq_length()
 
     def verify(tree: StaticTree | None):
@@ -137,7 +138,7 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256,
         tokens = torch.randint(0, target.vocab_size, (1, n), generator=g)
         mask = torch.ones(1, 1, dtype=torch.bool) if tree is None else tree.buffers.tree_mask
         depth = torch.zeros(1, dtype=torch.long) if tree is None else tree.buffers.tree_position_ids
-        target.logits(target.forward(tokens, cache, mask, depth))
+        target.logits(target.forward_states(tokens, cache, mask, depth, layers if tree is not None else None).features)
         crop(cache, base)
 
     vanilla = _timed(lambda: verify(None), reps)
