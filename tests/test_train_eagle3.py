@@ -61,6 +61,9 @@ def test_training_reduces_the_loss_and_writes_an_eagle3_head(target, dataset, tm
     config = eagle3_config(epochs=6, lr=1e-2, log_every=1)
     trainer = Trainer(target, dataset, config, tmp_path, progress=False)
     assert trainer.config.feature_noise == 0.0  # training-time test replaces the noise
+    ids = trainer.head.target_ids()  # the read-out starts as the target's
+    torch.testing.assert_close(trainer.head.lm_head.weight, target.lm_head.weight[ids])
+    torch.testing.assert_close(trainer.head.norm.weight, target.decoder.norm.weight)
     trainer.eval_idx = trainer.train_idx  # random tokens do not generalise: measure the fit
     before = trainer.evaluate()
     after = trainer.run().final_eval

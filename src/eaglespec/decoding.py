@@ -86,8 +86,9 @@ class EagleGenerator:
     def __init__(self, target: TargetModel, head=None, tree="eagle1",
                  draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
                  head_dir: Path | None = None):
-        """head: an EagleHead or Eagle3Head (draft/heads.py), or None. tree: a spec string (see `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto'
-        is resolved by `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
+        """head: an EagleHead or Eagle3Head (draft/heads.py), or None. tree: a spec string (see
+        `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto' is resolved by
+        `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
         used for every request (tests, other draft methods); by default one is built from `head`
         for each tree asked for."""
         if tree == "auto":
@@ -109,8 +110,9 @@ class EagleGenerator:
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
-        freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of the head's most frequent tokens the draft
-        scores (when the head ships a ranking); None = the full vocabulary."""
+        freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
+        head's most frequent tokens the draft scores (when the head ships a ranking); None = the
+        full vocabulary."""
         from .draft.shipped import default_head_dir
 
         tm = load_target(target, dtype or default_dtype(device), device)

@@ -141,6 +141,7 @@ class Trainer:
             size = min(config.draft_vocab_size, target.vocab_size)
             self.head = Eagle3Head(Eagle3Config.for_target(target.config, size, layers))
             self.head.set_draft_vocab(ranked[:size])
+            self._init_from_target()
             self.head.to(self.device, torch.float32)
             self.lm_head = self._sliced_lm_head(self.head.target_ids())
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
@@ -150,6 +151,17 @@ class Trainer:
         self.noise_rng = torch.Generator(device=self.device).manual_seed(config.seed + 1)
         self.step, self.epoch, self.position, self.history = 0, 0, 0, []
         self.window: list[list[float]] = []  # per-step [loss, feature, token] since the last train row
+
+    @torch.no_grad()
+    def _init_from_target(self) -> None:
+        """Start an EAGLE-3 head's output layer where the target's is: its LM head rows for the
+        draft vocabulary and its final norm. The head then trains from a working read-out, which
+        matters when data is short (a CPU run); training moves them freely afterwards."""
+        lm = self.target.lm_head.weight
+        self.head.lm_head.weight.copy_(lm[self.head.target_ids().to(lm.device)].to(self.head.lm_head.weight))
+        norm = getattr(self.target.decoder, "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape == self.head.norm.weight.shape:
+            self.head.norm.weight.copy_(norm.weight.to(self.head.norm.weight))
 
     def _sliced_lm_head(self, keep: torch.Tensor | None) -> torch.nn.Module:
         """The target's LM head, or its rows for the target ids `keep` (a draft vocabulary): p (and
