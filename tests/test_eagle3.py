@@ -269,6 +269,8 @@ def _edit_tensors(path, fn):
     ("missing", "missing tensors"),
     ("neither", "neither an EAGLE-1 head"),
     ("mismatch", "config.json and the weights disagree"),
+    ("d2t_twice", "same target token"),
+    ("variant", "norm_before_residual"),
 ])
 def test_bad_eagle3_heads_are_refused(tmp_path, case, message):
     target = tiny_target("llama")
@@ -284,12 +286,15 @@ def test_bad_eagle3_heads_are_refused(tmp_path, case, message):
         (tmp_path / "config.json").write_text(json.dumps(cfg))
     elif case == "mismatch":
         _saved(tmp_path, target, intermediate_size=100)
+    elif case == "variant":
+        _saved(tmp_path, target, norm_before_residual=True)
     else:
         _saved(tmp_path, target)
         edits = {
             "d2t_length": lambda sd: sd.update(d2t=sd["d2t"][:-3]),
             "d2t_range": lambda sd: sd.update(d2t=sd["d2t"] + target.vocab_size),
             "missing": lambda sd: sd.pop("midlayer.hidden_norm.weight"),
+            "d2t_twice": lambda sd: sd.update(d2t=torch.cat([sd["d2t"][:1] + 1, sd["d2t"][1:]])),
         }
         _edit_tensors(tmp_path, edits[case])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -312,3 +317,19 @@ def test_sharded_heads_load_like_one_file(tmp_path):
     (tmp_path / "sharded" / shards[-1]).unlink()
     with pytest.raises(EagleError, match=shards[-1]):
         load_head(tmp_path / "sharded", target.config)
+
+
+def test_heads_written_elsewhere_load_too(tmp_path):
+    """d2t without t2d (derived), RoPE scaling given as transformers 5's rope_parameters."""
+    target = tiny_target("llama")
+    head = eagle3_head(target)
+    head.save_pretrained(tmp_path)
+    _edit_tensors(tmp_path, lambda sd: sd.pop("t2d"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_theta")
+    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    again = load_head(tmp_path, target.config)
+    assert torch.equal(again.t2d, head.t2d)
+    assert again.config.rope_theta == 5000.0 and again.config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert again.rotary.attention_scaling == 1.0 and again.rotary.rope_type == "linear"

@@ -118,3 +118,16 @@ def test_capture_stores_the_fused_layers_and_training_checks_them(target, tmp_pa
         capture(target, CaptureConfig(data="synthetic", aux_layers="0,5,1"), tmp_path / "bad", examples=examples,
                 progress=False)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_time_limited_run_saves_a_head_and_continues(target, dataset, tmp_path):
+    config = eagle3_config(lr=1e-3, grad_accum=2, epochs=1, log_every=1)
+    whole = train(target, dataset, config, tmp_path / "whole", progress=False)
+    limited = TrainConfig(**{**config.__dict__, "time_limit": 1e-9})  # stops after its first step
+    first = train(target, dataset, limited, tmp_path / "cut", progress=False)
+    assert first.steps == 1 and (tmp_path / "cut" / CHECKPOINT).exists()
+    assert load_head(tmp_path / "cut", target.config).kind == "eagle3"  # a usable head already
+    rest = train(target, dataset, config, tmp_path / "cut", progress=False)  # the same command, no limit
+    assert rest.steps == whole.steps and not (tmp_path / "cut" / CHECKPOINT).exists()
+    a, b = whole.head.state_dict(), rest.head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -91,11 +91,12 @@ class Eagle3Config:
         if bad:
             raise EagleError(f"{source}: EAGLE-3 layer ids {list(self.layer_ids)} include {bad}, but the target has "
                              f"{n} layers (ids 0..{n - 1}); the head was trained for a deeper target")
-        for name, ours in (("hidden_size", self.target_hidden_size), ("hidden_size", self.hidden_size),
-                           ("vocab_size", self.vocab_size)):
+        for what, name, ours in (("target_hidden_size", "hidden_size", self.target_hidden_size),
+                                 ("hidden_size (its width, the embedding's)", "hidden_size", self.hidden_size),
+                                 ("vocab_size", "vocab_size", self.vocab_size)):
             theirs = getattr(target_config, name)
             if ours != theirs:
-                raise EagleError(f"{source}: the EAGLE-3 head has {name}={ours} but the target has {name}={theirs}: "
+                raise EagleError(f"{source}: the EAGLE-3 head has {what}={ours} but the target has {name}={theirs}: "
                                  "it was trained for another target")
 
 
@@ -249,6 +250,9 @@ class Eagle3Head(nn.Module):
     def draft_lm(self, target, draft_vocab=None) -> "DraftLM":
         from .heads import DraftLM
 
+        if draft_vocab is not None:
+            raise EagleError("an EAGLE-3 head drafts over its own vocabulary (d2t): pass no draft_vocab")
+
         return DraftLM(self.norm, self.lm_head.weight, None, self.target_ids())
 
     # -- checkpoint format --------------------------------------------------------------------
@@ -260,6 +264,11 @@ class Eagle3Head(nn.Module):
         expected = self.eagle_state_dict()
         if "d2t" not in sd and self.config.draft_vocab_size == self.config.vocab_size:  # no reduced vocabulary
             sd = {**sd, "d2t": torch.zeros_like(self.d2t), "t2d": torch.ones_like(self.t2d)}
+        if "d2t" in sd and "t2d" not in sd:  # some writers keep d2t only: t2d follows from it
+            t2d = torch.zeros_like(self.t2d)
+            ids = sd["d2t"].long() + torch.arange(sd["d2t"].numel())
+            t2d[ids.clamp(0, t2d.numel() - 1)] = True
+            sd = {**sd, "t2d": t2d}
         missing = sorted(set(expected) - set(sd))
         if missing:
             raise EagleError(f"{source}: missing tensors {missing[:4]}{'...' if len(missing) > 4 else ''}; "
@@ -273,6 +282,8 @@ class Eagle3Head(nn.Module):
         if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
             raise EagleError(f"{source}: its d2t table maps draft ids to {int(ids.min())}..{int(ids.max())}, outside the "
                              f"target vocabulary 0..{self.config.vocab_size - 1}")
+        if ids.unique().numel() != ids.numel():
+            raise EagleError(f"{source}: its d2t table maps two draft ids to the same target token; re-export the head")
         state = {k: sd[k] for k in expected}
         state["d2t"], state["t2d"] = d2t, sd["t2d"].to(torch.bool)
         self.load_state_dict(state, strict=False)
@@ -302,20 +313,28 @@ class Eagle3Head(nn.Module):
         """A published / SpecForge / our config.json -> Eagle3Config; layer ids default to (2, L/2, L-3)."""
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
+        if cfg.get("norm_before_residual"):
+            raise EagleError(f"{source}: norm_before_residual=true (a variant whose residual is the normed hidden state) "
+                             "is not supported; only the published EAGLE-3 layout is")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        if "type" in rope and "rope_type" not in rope:  # the legacy spelling
+            rope["rope_type"] = rope.pop("type")
+        theta = cfg.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
+        rope.pop("rope_theta", None)
+        scaling = rope if rope.get("rope_type", "default") != "default" else None
         try:
             h = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
-            rope = cfg.get("rope_parameters") or {}
             return Eagle3Config(
                 hidden_size=h, target_hidden_size=int(cfg.get("target_hidden_size") or h),
                 intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=heads,
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or h // heads), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+                rope_theta=float(theta),
                 max_position_embeddings=int(cfg.get("max_position_embeddings") or target_config.max_position_embeddings),
                 vocab_size=int(cfg.get("vocab_size") or target_config.vocab_size),
                 draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg.get("vocab_size") or target_config.vocab_size),
                 layer_ids=tuple(int(i) for i in ids) if ids else default_layer_ids(target_config.num_hidden_layers),
-                rope_scaling=cfg.get("rope_scaling") or None, hidden_act=cfg.get("hidden_act", "silu"))
+                rope_scaling=scaling, hidden_act=cfg.get("hidden_act", "silu"))
         except (KeyError, TypeError, ValueError) as exc:
             raise EagleError(f"{source}: its EAGLE-3 config.json lacks or mangles {exc}; re-export the head") from exc

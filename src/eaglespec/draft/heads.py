@@ -133,9 +133,12 @@ def write_head(directory: str | os.PathLike, cfg: dict, tensors: dict[str, torch
         cfg = {**cfg, "eaglespec": extra}
     atomic_write_bytes(directory / CONFIG, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
     sizes = {k: v.numel() * v.element_size() for k, v in tensors.items()}
+    stale = [directory / WEIGHTS, directory / INDEX, *directory.glob("model-*-of-*.safetensors")]
     if max_shard_bytes is None or sum(sizes.values()) <= max_shard_bytes:
         with atomic_path(directory / WEIGHTS) as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
+        for path in stale[1:]:  # a reader must not find an older layout beside this one
+            path.unlink(missing_ok=True)
         return
     shards: list[dict[str, torch.Tensor]] = [{}]
     for k, v in tensors.items():
@@ -150,6 +153,9 @@ def write_head(directory: str | os.PathLike, cfg: dict, tensors: dict[str, torch
         weight_map.update({k: name for k in shard})
     index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
     atomic_write_bytes(directory / INDEX, json.dumps(index, indent=2).encode())
+    for path in stale:
+        if path.name != INDEX and path.name not in weight_map.values():
+            path.unlink(missing_ok=True)
 
 
 def read_extra(directory: str | os.PathLike) -> dict:

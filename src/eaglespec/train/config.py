@@ -143,7 +143,8 @@ class TrainConfig:
     eval_depths: int = _opt(4, "report teacher-forced top-1 accuracy at draft depths 1..N")
     max_steps: int | None = _opt(None, "stop after this many optimizer steps in total (default: all epochs)")
     time_limit: float | None = _opt(None, "stop after this many minutes of training in this run (checked after every "
-                                    "optimizer step), then evaluate and save as at the end (default: none)")
+                                    "optimizer step), then evaluate and save the head and a checkpoint: the same "
+                                    "command continues (the schedule is the full run's) (default: none)")
     seed: int = _opt(0, "seed of the head's initialisation, the split, the data order and the noise")
     checkpoint_every: int = _opt(50, "optimizer steps between checkpoints (one is also written after every epoch)")
     log_every: int = _opt(10, "optimizer steps between training-loss lines in metrics.jsonl")

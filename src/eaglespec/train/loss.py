@@ -133,7 +133,9 @@ def ttt_loss(head, inputs: HeadInputs, target_lm, steps: int, decay: float,
         hidden = head.ttt_step(e, hidden, positions, keys, values)
         cols = mask[k:].nonzero().flatten()  # columns t with x[t+k+2] an assistant token
         if cols.numel() == 0:
-            parts.step_loss.append(0.0), parts.correct.append(0), parts.positions.append(0)
+            parts.step_loss.append(0.0)
+            parts.correct.append(0)
+            parts.positions.append(0)
             continue
         logq = head.lm_head(head.norm(hidden[0, cols])).float().log_softmax(-1)  # [M, Vd]
         ce = -(p[cols + k] * logq).sum(-1).mean()

@@ -20,6 +20,7 @@ Files in the output directory:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -247,7 +248,7 @@ class Trainer:
             raise EagleError(f"{path} is not a readable checkpoint ({exc}); pass --overwrite to start again") from exc
         check_identity(state["target"], self.target, f"checkpoint {path}")
         theirs = from_dict(TrainConfig, state["config"], str(path))
-        if theirs != self.config:
+        if dataclasses.replace(theirs, time_limit=self.config.time_limit) != self.config:  # a limit may change
             diff = sorted(k for k, v in to_dict(self.config).items() if state["config"][k] != v)
             raise EagleError(f"checkpoint {path} was made with other training options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite (or --no-resume) to start again")
@@ -299,10 +300,15 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not self.progress,
                    dynamic_ncols=True)
         deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
+        started = self.step
+
+        def out_of_time() -> bool:  # at least one step per run
+            return deadline is not None and self.step > started and time.monotonic() > deadline
+
         with bar:
-            while self.step < self.total_steps and self.epoch < c.epochs and not _past(deadline):
+            while self.step < self.total_steps and self.epoch < c.epochs and not out_of_time():
                 order = epoch_order(self.train_idx, c.seed, self.epoch)
-                while self.position < len(order) and self.step < self.total_steps and not _past(deadline):
+                while self.position < len(order) and self.step < self.total_steps and not out_of_time():
                     group = order[self.position: self.position + c.grad_accum]
                     losses = [0.0, 0.0, 0.0]
                     for index in group:
@@ -334,7 +340,10 @@ class Trainer:
                         self.save_checkpoint()
         if (last_eval(self.history) or {}).get("step") != self.step:
             self._record_eval()
-        return self._finish()
+        unfinished = self.step < self.total_steps and self.epoch < c.epochs  # stopped by --time-limit
+        if unfinished:
+            self.save_checkpoint()  # the same command continues from here
+        return self._finish(keep_checkpoint=unfinished)
 
     def _record_eval(self) -> None:
         if self.eval_idx:
@@ -350,7 +359,7 @@ class Trainer:
         self.save_checkpoint()
         self._write_metrics(plot=True)
 
-    def _finish(self) -> TrainResult:
+    def _finish(self, keep_checkpoint: bool = False) -> TrainResult:
         extra = {
             "trained_by": "eaglespec train",
             "target": self.target.identity(),
@@ -364,17 +373,14 @@ class Trainer:
         if self.config.head == "eagle1":
             vocab.save_draft_vocab(self.out_dir, self.counts)
         self._write_metrics(plot=True)
-        (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
+        if not keep_checkpoint:
+            (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
         return TrainResult(self.head, self.out_dir, self.step, list(self.history))
 
     def _write_metrics(self, plot: bool = False) -> None:
         atomic_write_bytes(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
         if plot:  # after every epoch and at the end: a plot per checkpoint would cost more than tiny steps
             plot_history(self.history, self.out_dir / PLOT)
-
-
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() > deadline
 
 
 def train(target, dataset, config: TrainConfig, out_dir, **kwargs) -> TrainResult:
