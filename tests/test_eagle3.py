@@ -333,3 +333,32 @@ def test_heads_written_elsewhere_load_too(tmp_path):
     assert torch.equal(again.t2d, head.t2d)
     assert again.config.rope_theta == 5000.0 and again.config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert again.rotary.attention_scaling == 1.0 and again.rotary.rope_type == "linear"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_drafters_chain_is_what_training_time_test_scores(arch):
+    """End to end through the real Drafter: draft a chain after a prompt, append the drafted
+    tokens to the sequence, and training-time test's step k at the prompt's last column must pick
+    the same draft token as the drafter did at depth k+1."""
+    from eaglespec.config import parse_tree
+    from eaglespec.draft.drafter import Drafter
+
+    target = tiny_target(arch)
+    head = eagle3_head(target, seed=3)
+    prompt = torch.tensor(PROMPT)
+    states = target.forward_states(prompt[None], target.new_cache(), layers=head.hidden_layers)
+    root = int(target.logits(states.features[0, -1]).argmax())
+    drafter = Drafter(head, target, parse_tree("chain:4"))
+    tree = drafter.draft(drafter.new_state(), torch.cat([prompt[1:], torch.tensor([root])]), states.hidden[0], root)
+    drafted = tree.tokens.tolist()  # [root, d1, d2, d3, d4]
+    seq = torch.tensor(PROMPT + drafted)
+    hidden = head.encode(target.capture_states(seq[None], layers=head.hidden_layers).hidden[:, :-1])
+    embeds = target.embed_tokens(seq[None, 1:])
+    t = len(PROMPT) - 1  # the root pair's column: (x[t+1] = root, a[t])
+    keys, values, h = [], [], hidden
+    lm = head.draft_lm(target)
+    for k in range(4):
+        e = torch.cat([embeds[:, k:], embeds[:, :k]], 1)
+        h = head.ttt_step(e, h, torch.arange(k, embeds.shape[1] + k)[None], keys, values)
+        pick = int(lm.to_target_ids(lm.logprobs(h[0, t:t + 1]).argmax(-1)))
+        assert pick == drafted[k + 1], f"depth {k + 1}"
