@@ -70,3 +70,27 @@ def test_cli_bad_input_is_one_line_and_nonzero(args, message):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("eaglespec: error:") and message in lines[-1]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def eagle3_generator():
+    return EagleGenerator.from_pretrained(None, head="smollm2-135m-instruct-eagle3", tree="eagle1")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("tree", ["eagle1", "dynamic"])
+def test_shipped_eagle3_head_greedy_equals_vanilla(eagle3_generator, prompt, tree):
+    gen = eagle3_generator
+    assert gen.head.kind == "eagle3" and gen.head.hidden_layers == (2, 15, 27)
+    ids = gen.encode(prompt)
+    vanilla = gen.generate(input_ids=ids, max_new_tokens=48, speculative=False)
+    eagle = gen.generate(input_ids=ids, max_new_tokens=48, tree=tree)
+    assert vanilla.token_ids == eagle.token_ids or first_divergence_is_a_tie(gen, ids, vanilla.token_ids, eagle.token_ids)
+    assert sum(s.accepted for s in eagle.steps) > 0  # a trained head: drafts get accepted
+
+
+def test_both_shipped_heads_stay_loadable_by_name():
+    from eaglespec.draft.shipped import named_head_dir, shipped_names
+
+    assert {"smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"} <= set(shipped_names())
+    assert named_head_dir("no-such-head") is None
