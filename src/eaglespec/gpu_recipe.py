@@ -23,6 +23,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +40,7 @@ QUESTIONS = "question.jsonl"
 SHARD_BYTES = 15_000_000  # files come back from a device machine at most 16 MB each
 # the GPU image has transformers 5.17 (its models take `past_key_values=`, ours pass `cache=`) and no gguf
 WHEELS = ("gguf==0.19.0", "transformers==5.24.0")
-JOINED = Path("/tmp/eaglespec-gpu-recipe")  # where the GPU side reassembles the GGUF
+JOINED = Path(tempfile.gettempdir()) / "eaglespec-gpu-recipe"  # where the GPU side reassembles the GGUF
 
 
 # -- examples: token ids and loss masks, compact -------------------------------------------------
