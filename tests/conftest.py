@@ -47,6 +47,27 @@ def tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float64, check: 
     return target
 
 
+@torch.no_grad()
+def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
+    """The target's distribution of the second generated token at temperature 1:
+    sum_a p(a | prompt) p(b | prompt, a), exact over every first token a. -> [V]"""
+    from eaglespec.sampling import logits_to_probs
+
+    first = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], 1.0)
+    support = first.nonzero().flatten()
+    batch = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
+    second = logits_to_probs(target.model(batch).logits[:, -1], 1.0)  # [A, V]
+    return (first[support, None] * second).sum(0)
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
+    """Measured cost curves (tuning.cache_dir) go to a fresh folder per test, never into the
+    user's cache, and no test inherits a retune request from the shell."""
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path_factory.mktemp("eaglespec-cache")))
+    monkeypatch.delenv("EAGLESPEC_RETUNE", raising=False)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread_for_tiny_models(request):
     """Tiny models run faster on one thread (and CI's 2 cores may be shared); the real-model

@@ -12,17 +12,27 @@ class OracleDrafter:
 
     hidden_layers = None  # reads the target's features (and ignores them)
 
-    def __init__(self, target, prompt: list[int], parents: list[int], seed: int = 0):
+    def __init__(self, target, prompt: list[int], parents: list[int], seed: int = 0, prompts: list[list[int]] | None = None):
+        """prompts: for a batch, the prompts in the order their sequences join (default: `prompt`
+        for every one)."""
         self.target, self.prompt, self.parents = target, prompt, parents
         self.max_nodes = len(parents)
         self.g = torch.Generator().manual_seed(seed)
+        self._firsts = iter([p[0] for p in prompts]) if prompts else None
 
-    def new_state(self):
-        return {"history": [self.prompt[0]]}
+    # the batch drafter's interface (see draft/drafter.py): a state holds one history per row
+    def new_state(self, rows: int = 1) -> "Rows":
+        return Rows([next(self._firsts) if self._firsts else self.prompt[0]] for _ in range(rows))
 
-    def draft(self, state, new_tokens, new_features, root) -> DraftTree:
-        state["history"].extend(new_tokens.tolist())
-        assert state["history"][-1] == root
+    def absorb(self, state, new_tokens, new_features) -> None:
+        state[0].extend(new_tokens.tolist())
+
+    def draft_rows(self, state, new_tokens, new_features, roots) -> list[DraftTree]:
+        return [self.draft_one(h, t, f, root) for h, t, f, root in zip(state, new_tokens, new_features, roots)]
+
+    def draft_one(self, history: list[int], new_tokens, new_features, root) -> DraftTree:
+        history.extend(new_tokens.tolist())
+        assert history[-1] == root
         tokens, rank = [root], [0]
         children = {}
         for i, p in enumerate(self.parents[1:], start=1):
@@ -31,7 +41,7 @@ class OracleDrafter:
             rank.append(r)
             if r == 0 and rank[p] == 0 and all(rank[a] == 0 for a in self._ancestors(p)):
                 path = [tokens[a] for a in reversed([p] + self._ancestors(p))]
-                ids = torch.tensor([state["history"] + path[1:]])
+                ids = torch.tensor([history + path[1:]])
                 tokens.append(int(self.target.model(ids).logits[0, -1].argmax()))
             else:
                 tokens.append(int(torch.randint(0, self.target.vocab_size, (1,), generator=self.g)))
@@ -43,3 +53,10 @@ class OracleDrafter:
             n = self.parents[n]
             out.append(n)
         return out
+
+
+class Rows(list):
+    """The rows' histories, selected and extended as the batch's rows are."""
+
+    def select(self, rows: list[int]) -> None:
+        self[:] = [self[r] for r in rows]

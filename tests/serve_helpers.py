@@ -3,13 +3,12 @@ and a generator wrapper that slows every step (to hold the worker busy on purpos
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 import torch
+
+from eaglespec.serve.loadtest import serve_in_thread
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,32 +20,14 @@ def one_torch_thread():
     torch.set_num_threads(old)
 
 
-@contextmanager
 def live_server(app):
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    """A live uvicorn server on a free 127.0.0.1 port, in a thread; yields its base URL."""
+    return serve_in_thread(app)
 
 
 class SlowGenerator:
-    """Delegates to a generator; sleeps `delay` seconds per step and never stops at end-of-sequence."""
+    """Delegates to a generator; its batches sleep `delay` seconds per step, and nothing stops at
+    end-of-sequence."""
 
     def __init__(self, gen, delay: float):
         self._gen, self.delay = gen, delay
@@ -57,8 +38,20 @@ class SlowGenerator:
     def eos_token_ids(self) -> set[int]:
         return set()
 
-    def stream(self, input_ids, max_new_tokens, sampling, *args, **kwargs):
-        kwargs["stop_token_ids"] = set()
-        for step in self._gen.stream(input_ids, max_new_tokens, sampling, **kwargs):
-            time.sleep(self.delay)
-            yield step
+    def new_batch(self, *args, **kwargs) -> "SlowBatch":
+        return SlowBatch(self._gen.new_batch(*args, **kwargs), self.delay)
+
+
+class SlowBatch:
+    def __init__(self, batch, delay: float):
+        self._batch, self.delay = batch, delay
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    def step(self, *args, **kwargs):
+        time.sleep(self.delay)
+        return self._batch.step(*args, **kwargs)

@@ -16,6 +16,14 @@ def test_tree_specs():
     assert parse_tree("none") is None
 
 
+@pytest.mark.parametrize("text", ["dynamic:4,4", "dynamic:4", "dynamic:1,2,3,4"])
+def test_a_partial_dynamic_tree_is_refused_with_the_three_number_form(text):
+    """dynamic:4,4 used to run silently as dynamic:4,4,12."""
+    with pytest.raises(EagleError, match=r"three numbers, dynamic:K,D,N .* e\.g\. dynamic:4,4,12") as info:
+        parse_tree(text)
+    assert "\n" not in str(info.value)
+
+
 def test_tree_from_a_json_file(tmp_path):
     path = tmp_path / "tree.json"
     path.write_text(json.dumps([[0], [1], [0, 0], [0, 1]]))
@@ -42,3 +50,14 @@ def test_bad_tree_specs(text):
 def test_bad_sampling(kwargs, field):
     with pytest.raises(EagleError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator():
+    from eaglespec.config import SamplingParams
+
+    assert SamplingParams(1e-30).greedy and SamplingParams(0.0).greedy and not SamplingParams(1e-3).greedy
+    SamplingParams(1.0, seed=2**64 - 1)
+    SamplingParams(1.0, seed=-2**63)
+    for seed in (2**64, -2**63 - 1):
+        with pytest.raises(EagleError, match="seed must be an integer"):
+            SamplingParams(1.0, seed=seed)

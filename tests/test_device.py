@@ -80,8 +80,8 @@ class _TargetOnDevice:
 class DeviceOracle(OracleDrafter):
     """The always-right drafter, its tokens on the device as the real drafter's are."""
 
-    def draft(self, state, new_tokens, new_features, root) -> DraftTree:
-        tree = super().draft(state, new_tokens, new_features, root)
+    def draft_one(self, history, new_tokens, new_features, root) -> DraftTree:
+        tree = super().draft_one(history, new_tokens, new_features, root)
         return DraftTree(tree.tokens.to(DEVICE), tree.buffers)
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import ARCHS, tiny_target
+from conftest import ARCHS, second_token_marginal, tiny_target
 from safetensors.torch import load_file, save_file
 from test_decoding import PROMPT, assert_same_or_tie
 from test_verify import chi_square_fits
@@ -14,9 +14,8 @@ from test_verify import chi_square_fits
 from eaglespec.attention import additive_mask
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.eagle3 import Eagle3Config, Eagle3Head
-from eaglespec.draft.heads import load_head
+from eaglespec.draft.heads import inspect_head, load_head
 from eaglespec.errors import EagleError
-from eaglespec.sampling import logits_to_probs
 
 DRAFT_VOCAB = 48
 
@@ -235,13 +234,7 @@ def test_sampling_with_eagle3_keeps_the_target_distribution():
     for seed in range(1500):
         out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.0, seed=seed, stop_token_ids=set())
         counts[out.token_ids[1]] += 1
-    with torch.no_grad():
-        first = logits_to_probs(target.model(torch.tensor([PROMPT])).logits[0, -1], 1.0)
-        support = first.nonzero().flatten()
-        batch = torch.cat([torch.tensor(PROMPT).expand(len(support), -1), support[:, None]], 1)
-        second = logits_to_probs(target.model(batch).logits[:, -1], 1.0)  # [A, V]
-        marginal = (first[support, None] * second).sum(0)
-    ok, stat, critical = chi_square_fits(counts, marginal)
+    ok, stat, critical = chi_square_fits(counts, second_token_marginal(target, PROMPT))
     assert ok, f"chi2 {stat:.1f} > {critical:.1f}"
 
 
@@ -268,7 +261,9 @@ def _edit_tensors(path, fn):
     ("hidden", "hidden_size"),
     ("missing", "missing tensors"),
     ("neither", "neither an EAGLE-1 head"),
-    ("mismatch", "config.json and the weights disagree"),
+    ("mismatch", "intermediate_size is 100 but the weights have 128 .* config.json and the weights disagree"),
+    ("draft_vocab", "draft_vocab_size is 40 but the weights have 48"),
+    ("attention", "num_attention_heads x head_dim is 128 but the weights have 64"),
     ("d2t_twice", "same target token"),
     ("variant", "norm_before_residual"),
 ])
@@ -286,6 +281,10 @@ def test_bad_eagle3_heads_are_refused(tmp_path, case, message):
         (tmp_path / "config.json").write_text(json.dumps(cfg))
     elif case == "mismatch":
         _saved(tmp_path, target, intermediate_size=100)
+    elif case == "draft_vocab":
+        _saved(tmp_path, target, draft_vocab_size=40)
+    elif case == "attention":
+        _saved(tmp_path, target, num_attention_heads=8)
     elif case == "variant":
         _saved(tmp_path, target, norm_before_residual=True)
     else:
@@ -301,6 +300,9 @@ def test_bad_eagle3_heads_are_refused(tmp_path, case, message):
     with pytest.raises(EagleError, match=message) as info:
         load_head(tmp_path, target.config)
     assert "\n" not in str(info.value)
+    if case in ("mismatch", "draft_vocab", "attention", "neither"):  # the head's own files: found before a target loads
+        with pytest.raises(EagleError, match=message):
+            inspect_head(tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 

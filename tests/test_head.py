@@ -96,6 +96,52 @@ def test_official_pytorch_model_bin_loads_without_unpickling_code(tmp_path):
     torch.save(head.eagle_state_dict(), tmp_path / "pytorch_model.bin")
     again = EagleHead.from_pretrained(tmp_path, cfg)
     torch.testing.assert_close(again.fc.weight, head.fc.weight)
+    from eaglespec.draft.heads import inspect_head
+
+    assert inspect_head(tmp_path).shapes["fc.weight"] == (64, 128)
+    torch.save(head.eagle_state_dict(), tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert inspect_head(tmp_path).shapes["fc.weight"] == (64, 128)  # torch's old format cannot be mapped: read
     torch.save({"fc.weight": object()}, tmp_path / "pytorch_model.bin")  # a pickled object: refused
-    with pytest.raises(EagleError, match="not a readable weights file"):
-        EagleHead.from_pretrained(tmp_path, cfg)
+    for load in (lambda: EagleHead.from_pretrained(tmp_path, cfg), lambda: inspect_head(tmp_path)):
+        with pytest.raises(EagleError, match="not a readable weights file"):
+            load()
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("intermediate_size", 100, "intermediate_size is 100 but the weights have 128"),
+    ("num_attention_heads", 8, "num_attention_heads x head_dim is 128 but the weights have 64"),
+    ("num_key_value_heads", 4, "num_key_value_heads x head_dim is 64 but the weights have 32"),
+    ("head_dim", 8, "num_attention_heads x head_dim is 32 but the weights have 64"),
+])
+def test_a_config_that_disagrees_with_its_weights_is_refused(tmp_path, field, value, says):
+    """The target is the head's own (so its shapes fit): only config.json is wrong, which used to
+    load without a word. Refused before a target is needed (inspect_head) and when loading."""
+    from eaglespec.draft.heads import inspect_head, load_head
+
+    cfg = tiny_config("llama")
+    EagleHead(cfg).save_pretrained(tmp_path)
+    assert inspect_head(tmp_path).kind == "eagle1"
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    for load in (lambda: inspect_head(tmp_path), lambda: load_head(tmp_path, cfg),
+                 lambda: EagleHead.from_pretrained(tmp_path, cfg)):
+        with pytest.raises(EagleError, match=says) as info:
+            load()
+        assert "\n" not in str(info.value) and str(tmp_path / "config.json") in str(info.value)
+
+
+def test_inspect_head_reads_headers_only_and_names_damaged_files(tmp_path):
+    from eaglespec.draft.heads import inspect_head
+
+    cfg = tiny_config("llama")
+    EagleHead(cfg).save_pretrained(tmp_path)
+    files = inspect_head(tmp_path)
+    assert files.shapes["fc.weight"] == (64, 128) and files.weights.name == "model.safetensors"
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:20])  # a cut download: the header is incomplete
+    with pytest.raises(EagleError, match="model.safetensors is not a readable weights file"):
+        inspect_head(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "num_hidden_layers": 12}))
+    with pytest.raises(EagleError, match="neither an EAGLE-1 head"):
+        inspect_head(tmp_path)

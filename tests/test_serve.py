@@ -168,7 +168,7 @@ def test_api_key(gen):
 
 def test_queue_timeout_503_and_disconnect_frees_the_worker(gen):
     slow = SlowGenerator(gen, delay=0.05)  # 200 tokens take >= 10 s
-    app = create_app(slow, ServeConfig(max_tokens=200, queue_timeout=0.5))
+    app = create_app(slow, ServeConfig(max_tokens=200, queue_timeout=0.5, max_batch=1))  # a full batch: others queue
     with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         long = {"messages": CHAT, "max_tokens": 200, "stream": True}
         with http.stream("POST", "/v1/chat/completions", json=long) as hog:
@@ -183,6 +183,23 @@ def test_queue_timeout_503_and_disconnect_frees_the_worker(gen):
         r = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
         assert r.json()["eaglespec"]["queue_s"] < 0.5
+
+
+def test_a_request_joins_the_running_batch(gen):
+    """Continuous batching: a short request sent while a long one streams starts at the next
+    step (no queueing) and finishes first, and its text is what it gets alone."""
+    slow = SlowGenerator(gen, delay=0.05)
+    app = create_app(slow, ServeConfig(max_tokens=200, queue_timeout=0.5, max_batch=2))
+    short = {"messages": CHAT, "max_tokens": 4}
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        alone = http.post("/v1/chat/completions", json=short).json()
+        with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 200, "stream": True}) as hog:
+            lines = hog.iter_lines()
+            assert next(lines).startswith("data: ")
+            r = http.post("/v1/chat/completions", json=short)
+            assert r.status_code == 200 and r.json()["eaglespec"]["queue_s"] < 0.5
+            assert r.json()["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+            assert http.get("/health").json()["busy"] is True  # the long one is still running
 
 
 def test_create_app_needs_a_tokenizer(gen):

@@ -1,5 +1,7 @@
 """Tree auto-tuning: acceptance calibration, best trees by expected tau, the chosen tree."""
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_target
@@ -8,7 +10,9 @@ from oracle import OracleDrafter
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.errors import EagleError
-from eaglespec.tuning import AcceptanceStats, best_trees, calibrate, calibration_tree, tune, use_auto_tree
+from eaglespec import tuning
+from eaglespec.tuning import (AcceptanceStats, best_trees, cache_dir, calibrate, calibration_tree, cost_file, cost_key, tune,
+                              use_auto_tree)
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 
@@ -95,3 +99,190 @@ def test_auto_tree_with_an_eagle3_head(tmp_path):
     assert gen.tuned is not None and gen.tree is gen.tuned.tree
     assert gen.generate(input_ids=PROMPT, max_new_tokens=16, stop_token_ids=set()).token_ids == \
         gen.generate(input_ids=PROMPT, max_new_tokens=16, speculative=False, stop_token_ids=set()).token_ids
+
+
+# ---- a damaged acceptance.json ---------------------------------------------------------------
+@pytest.mark.parametrize("text, message", [
+    ("", "cannot be read as JSON"),
+    ('{"p": [[0.5, 0.2], [0.3', "cannot be read as JSON"),
+    ("[]", "not an acceptance table"),
+    ('{"steps": 3}', "not an acceptance table"),
+    ('{"p": [["x"]], "steps": 1}', "not an acceptance table"),
+    ('{"p": [[0.5], [0.3, 0.1]], "steps": 1}', "all rows as long"),
+    ('{"p": [], "steps": 1}', "non-empty"),
+    ('{"p": [[1.5]], "steps": 1}', "outside 0..1"),
+])
+def test_a_damaged_acceptance_file_is_one_line_naming_it(tmp_path, text, message):
+    (tmp_path / "acceptance.json").write_text(text)
+    with pytest.raises(EagleError, match=message) as info:
+        AcceptanceStats.load(tmp_path)
+    text = str(info.value)
+    assert "\n" not in text and str(tmp_path / "acceptance.json") in text and "eaglespec tune --head" in text
+
+
+# ---- the cost curve, cached per machine ------------------------------------------------------
+def _tuning_setup(dtype=torch.float64):
+    target = tiny_target("llama", dtype=dtype)
+    torch.manual_seed(0)
+    gen = EagleGenerator(target, EagleHead(target.config).to(target.dtype), "eagle1")
+    return gen, AcceptanceStats(tuple((0.9, 0.3) for _ in range(3)), steps=1)
+
+
+def _count_measurements(monkeypatch):
+    calls = []
+    real = tuning.measure_step_costs
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "measure_step_costs", counted)
+    return calls
+
+
+def _no_measuring(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the cost curve was measured again")
+
+    monkeypatch.setattr(tuning, "measure_step_costs", fail)
+
+
+def test_the_second_tuning_reads_the_cached_cost_curve(tmp_path, monkeypatch):
+    gen, stats = _tuning_setup()
+    first = tune(gen, stats, sizes=(1, 2, 4), reps=1, cache=tmp_path)
+    assert "measured now" in first.costs_source and str(tmp_path) in first.costs_source
+    [path] = tmp_path.glob("step-costs-*.json")
+    data = json.loads(path.read_text())
+    assert data["key"] == cost_key(gen)
+    entry = data["batch_sizes"]["1"]  # room for other batch sizes beside it
+    assert set(entry["trees"]) == {"1", "2", "4"} and entry["vanilla"] > 0 and entry["measured_at"]
+    _no_measuring(monkeypatch)
+    second = tune(gen, stats, sizes=(1, 2, 4), reps=1, cache=tmp_path)
+    assert second.tree.paths == first.tree.paths and second.table == first.table  # the same choice
+    assert "cached at" in second.costs_source and "--retune" in second.costs_source
+    lines = second.describe().splitlines()
+    assert len(lines) <= 3 and lines[0].startswith("auto tree:") and "cached at" in lines[1]
+    # other trees (a head tuned again: new acceptance) are not in the cache: they are measured
+    with pytest.raises(AssertionError, match="measured again"):
+        tune(gen, AcceptanceStats(tuple((0.2, 0.9) for _ in range(3)), steps=1), sizes=(1, 2, 4), reps=1, cache=tmp_path)
+
+
+def test_cost_keys_carry_threads_dtype_target_and_head():
+    gen, _ = _tuning_setup()
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cost_key(gen)
+        torch.set_num_threads(2)
+        two = cost_key(gen)
+    finally:
+        torch.set_num_threads(old)
+    assert one["threads"] == 1 and two["threads"] == 2 and cost_file(one) != cost_file(two)
+    gen32, _ = _tuning_setup(torch.float32)
+    torch.set_num_threads(1)
+    key32 = cost_key(gen32)
+    assert key32["dtype"] == "float32" and one["dtype"] == "float64" and cost_file(key32) != cost_file(one)
+    for field in ("cpu", "flags", "torch", "target", "head", "device"):
+        assert field in one
+    assert one["head"].startswith("eagle1-")
+    gen_vocab = EagleGenerator(gen.target, gen.head, "eagle1", draft_vocab=torch.arange(32))
+    assert cost_key(gen_vocab)["head"] != one["head"]  # a draft vocabulary changes a draft step's cost
+
+
+def test_retune_measures_again_and_keeps_other_batch_sizes(tmp_path, monkeypatch):
+    gen, stats = _tuning_setup()
+    tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path)
+    [path] = tmp_path.glob("step-costs-*.json")
+    data = json.loads(path.read_text())
+    data["batch_sizes"]["4"] = {"verify": "whatever another measurement wrote"}
+    path.write_text(json.dumps(data))
+    calls = _count_measurements(monkeypatch)
+    tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path)
+    assert calls == []
+    again = tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path, retune=True)
+    assert calls == [1] and "measured now" in again.costs_source
+    assert json.loads(path.read_text())["batch_sizes"]["4"] == data["batch_sizes"]["4"]
+
+
+def test_use_auto_tree_caches_under_the_env_folder_and_retunes_on_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+    gen, stats = _tuning_setup()
+    gen.head_dir = tmp_path / "head"
+    stats.save(gen.head_dir.mkdir() or gen.head_dir)
+    calls = _count_measurements(monkeypatch)
+    use_auto_tree(gen)
+    assert calls == [1] and len(list((tmp_path / "cache").glob("step-costs-*.json"))) == 1
+    chosen = gen.tree.paths
+    use_auto_tree(gen)
+    assert calls == [1] and gen.tree.paths == chosen and "cached at" in gen.tuned.describe()
+    use_auto_tree(gen, retune=True)
+    assert calls == [1, 1]
+    monkeypatch.setenv("EAGLESPEC_RETUNE", "1")
+    use_auto_tree(gen)
+    assert calls == [1, 1, 1]
+
+
+def test_cache_dir_follows_xdg_then_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("EAGLESPEC_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "eaglespec"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "eaglespec"
+
+
+@pytest.mark.parametrize("damage", ["", "{not json", '{"key": 1}', "json-of-the-wrong-shape"])
+def test_a_damaged_cost_cache_is_said_ignored_and_rewritten(tmp_path, monkeypatch, damage):
+    gen, stats = _tuning_setup()
+    path = cost_file(cost_key(gen), tmp_path)
+    if damage == "json-of-the-wrong-shape":  # ours, but its numbers mangled
+        tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path)
+        data = json.loads(path.read_text())
+        data["batch_sizes"]["1"]["vanilla"] = "fast"
+        damage = json.dumps(data)
+    path.write_text(damage)
+    tuned = tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path)
+    assert "ignored the damaged cost cache" in tuned.costs_source and "measured now" in tuned.costs_source
+    assert json.loads(path.read_text())["batch_sizes"]["1"]["vanilla"] > 0  # rewritten
+    _no_measuring(monkeypatch)
+    assert "cached at" in tune(gen, stats, sizes=(1, 2), reps=1, cache=tmp_path).costs_source
+
+
+def test_an_unwritable_cache_folder_only_costs_a_measurement(tmp_path):
+    gen, stats = _tuning_setup()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    tuned = tune(gen, stats, sizes=(1, 2), reps=1, cache=blocker / "cache")
+    assert "not cached" in tuned.costs_source and "EAGLESPEC_CACHE" in tuned.costs_source
+
+
+def test_batches_get_smaller_trees_down_to_none(tmp_path, monkeypatch):
+    """A verify cost that grows with batch x tree size (as a saturated CPU's does) shrinks the
+    tree as the batch grows, and a batch where no tree pays gets no drafts; the cache keeps one
+    entry per batch size, and the generator's batches follow the choice."""
+    gen, stats = _tuning_setup()
+
+    def fake(gen, trees, context=256, reps=3, batch=1):
+        vanilla = 1.0 * batch ** 0.5  # bigger batches: more tokens per forward for little more time
+        return vanilla, {n: (0.1, vanilla * (1 + 0.3 * n * batch)) for n in trees}
+
+    monkeypatch.setattr(tuning, "measure_step_costs", fake)
+    tuned = tune(gen, stats, sizes=(1, 2, 4), reps=1, cache=tmp_path, max_batch=16)
+    sizes = {c.batch: (None if c.tree is None else c.tree.num_nodes - 1) for c in tuned.by_batch}
+    assert tuned.tree.num_nodes - 1 >= sizes[2] >= (sizes.get(4) or 0)
+    assert None in sizes.values() and 16 not in sizes  # once nothing pays, larger batches are not measured
+    assert tuned.tree_for(1) is tuned.tree and tuned.tree_for(16) is None
+    assert "by batch size" in tuned.describe()
+    data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
+    assert {"1", "2"} <= set(data["batch_sizes"])
+    gen.tuned, gen.tree = tuned, tuned.tree
+    batch = gen.new_batch()
+    assert batch.choose(1).tree is tuned.tree and batch.choose(16) is None
+
+
+def test_measured_costs_per_batch_size_run_the_batched_step():
+    gen, _ = _tuning_setup()
+    trees = {2: tuning.static_tree([(0,), (0, 0)])}
+    vanilla, costs = tuning.measure_step_costs(gen, trees, context=16, reps=1, batch=3)
+    assert vanilla > 0 and costs[2][0] > 0 and costs[2][1] > 0

@@ -18,7 +18,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
                    "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--retune", action="store_true",
+                   help="with --tree auto: measure this machine's step costs again instead of reading the cached "
+                        "cost curve (also EAGLESPEC_RETUNE=1)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -30,11 +33,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_model_args(args) -> None:
-    """Fail on bad options before spending seconds loading the target."""
+    """Fail on bad options before spending seconds loading the target (the head's own files are
+    checked by EagleGenerator.from_pretrained, also before the target loads)."""
     from pathlib import Path
 
     from .config import parse_tree
+    from .target import check_device
 
+    check_device(args.device)
     if args.tree != "auto":
         parse_tree(args.tree)
     from .draft.shipped import named_head_dir, shipped_names
@@ -44,12 +50,14 @@ def check_model_args(args) -> None:
                          f"the name of a shipped head ({', '.join(shipped_names())}), or omit it")
 
 
-def load_generator(args):
+def load_generator(args, max_batch: int = 1):
+    """max_batch: with --tree auto, also tune the tree for batches of up to this many sequences."""
     from .decoding import EagleGenerator
 
     check_model_args(args)
     head = None if args.head == "none" else args.head
-    gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device)
+    gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device, retune=args.retune,
+                                         max_batch=max_batch)
     if gen.head_note:
         print(f"note: {gen.head_note}", file=sys.stderr)
     if gen.head is not None:
@@ -113,7 +121,8 @@ def sharegpt_prompts(count: int, skip_first: int = 10000) -> list[str]:
 
 def cmd_tune(args) -> int:
     """Count the draft vocabulary and the head's acceptance by depth and rank, store both beside
-    the head, then show the tree `--tree auto` would choose on this machine."""
+    the head, measure this machine's step costs (stored in the cost cache that `--tree auto`
+    reads), then show the tree `--tree auto` would choose."""
     from pathlib import Path
 
     from .decoding import EagleGenerator
@@ -121,8 +130,10 @@ def cmd_tune(args) -> int:
     from .draft.vocab import count_tokens, save_draft_vocab
     from .train.config import DataConfig
     from .train.data import DataSummary, iter_examples
-    from .tuning import calibrate, tune
+    from .target import check_device
+    from .tuning import cache_dir, calibrate, tune
 
+    check_device(args.device)
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
@@ -146,7 +157,7 @@ def cmd_tune(args) -> int:
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     if stats.steps == 0:
         raise EagleError("no calibration step ran: no usable ShareGPT prompt was found")
-    tuned = tune(gen, stats, reps=args.reps)
+    tuned = tune(gen, stats, reps=args.reps, cache=cache_dir(), retune=True)  # what later starts with --tree auto read
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
     for n, tau, draft, verify, speedup in tuned.table:
@@ -170,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="measure a head's acceptance and draft vocabulary; show the auto tree")
     t.add_argument("--head", required=True, help="EAGLE head directory (acceptance.json and draft_vocab.safetensors are written into it)")
     t.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
-    t.add_argument("--device", default="cpu")
+    t.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     t.add_argument("--prompts", type=int, default=8, help="ShareGPT prompts (outside the training range) to calibrate on")
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size used while calibrating")
@@ -181,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
     from . import chat
+    from .bench import batching as bench_batch
     from .bench import cli as bench_cli
     from .serve import cli as serve_cli
     from .train import cli as train_cli
@@ -189,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_train_parser(sub)
     train_cli.add_distill_parser(sub)
     bench_cli.register(sub)
+    bench_batch.register(sub)
     serve_cli.register(sub)
     chat.register(sub)
 

@@ -8,9 +8,13 @@ from dataclasses import dataclass
 from .errors import EagleError
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM's _SAMPLING_EPS)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy (argmax); > 0 samples from softmax(logits / temperature)
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 samples from softmax(logits / temperature); below
+                              # GREEDY_BELOW it is greedy too (softmax of logits / 1e-38 overflows to inf)
     top_p: float = 1.0        # nucleus: keep the smallest set of tokens with cumulative probability >= top_p
     top_k: int = 0            # keep the k most likely tokens; 0 = all
     seed: int | None = None   # seeds the sampler (draws of acceptance tests and of tokens)
@@ -23,10 +27,13 @@ class SamplingParams:
             raise EagleError(f"top_p must be in (0, 1], got {p}; use 1.0 to turn top-p off")
         if not isinstance(k, int) or k < 0:
             raise EagleError(f"top_k must be an integer >= 0, got {k}; use 0 to turn top-k off")
+        s = self.seed
+        if s is not None and (not isinstance(s, int) or not -2**63 <= s < 2**64):
+            raise EagleError(f"seed must be an integer in [-2**63, 2**64), got {s}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,9 @@ def parse_tree(text: str):
             raise EagleError(f"tree file {text} is not a JSON list of paths like [[0], [1], [0, 0]] ({exc})") from exc
 
     name, _, arg = text.strip().partition(":")
+    if name == "dynamic" and arg and len(arg.split(",")) != 3:  # a partial list would keep defaults silently
+        raise EagleError(f"bad tree {text!r}: dynamic takes all three numbers, dynamic:K,D,N (top-k K, depth D, "
+                         f"N draft nodes), e.g. {DynamicTreeSpec()}; or plain dynamic for that default")
     try:
         if name == "eagle1" and not arg:
             return static_tree(EAGLE1_TREE)

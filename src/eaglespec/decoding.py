@@ -1,9 +1,11 @@
-"""The one generation loop. With a drafter it is EAGLE; without one it is vanilla decoding, which is
-the baseline every lossless test and benchmark compares against.
+"""The generator: a target, an optional EAGLE head and a tree, and the APIs over the one
+generation loop (batch.py). With a drafter it is EAGLE; without one it is vanilla decoding, which
+is the baseline every lossless test and benchmark compares against.
 
 Each step: the drafter grows a tree under the current root token (the last token the target chose
 but has not yet run), the target verifies the whole tree in one forward, the accepted path's KV
 entries and features are kept, and the target's next token (bonus or recovered) becomes the root.
+`stream` runs a batch of one; `generate_batch` and the server run many sequences together.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from .batch import Batch, StepOutput, StepStats
 from .config import DynamicTreeSpec, SamplingParams, parse_tree
 from .draft.drafter import Drafter, DraftTree
 from .draft.head import EagleHead
@@ -23,28 +26,8 @@ from .draft.heads import load_head
 from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 from .draft.vocab import load_draft_vocab
 from .errors import EagleError
-from .kv_cache import cache_length, keep_path
-from .sampling import logits_to_probs, sample
-from .target import TargetModel, default_dtype, load_target
-from .tree import StaticTree, buffers_from_parents
-from .verify import Acceptance, verify_greedy, verify_sampling
-
-_ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
-
-
-@dataclass(frozen=True)
-class StepStats:
-    accepted: int    # draft tokens the target accepted this step (0 for vanilla)
-    emitted: int     # tokens this step added to the output (accepted + 1, cut at a stop)
-    tree_size: int   # tokens the target verified (root included)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    tokens: list[int]  # the new tokens, in order
-    stats: StepStats
-    finish_reason: str | None = None  # on the stream's last output: "stop" (a stop token) or "length"
-
+from .target import TargetModel, check_device, default_dtype, load_target
+from .verify import Acceptance
 
 @dataclass
 class GenerationResult:
@@ -107,16 +90,39 @@ class EagleGenerator:
     @classmethod
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
                         device: str = "cpu", dtype: torch.dtype | None = None,
-                        draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB) -> "EagleGenerator":
+                        draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
+                        max_batch: int = 1) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
         head's most frequent tokens the draft scores (when the head ships a ranking); None = the
-        full vocabulary."""
-        from .draft.shipped import default_head_dir
+        full vocabulary. retune: with tree='auto', measure this machine's step costs again instead
+        of reading them from the cache (`tuning.use_auto_tree`). max_batch: with tree='auto', also
+        tune the tree for batches of up to this many sequences (the server's --max-batch).
 
+        The device, the tree and the head's own files are checked before the target loads (which
+        can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
+        from .draft.heads import inspect_head
+        from .draft.shipped import default_head_dir, named_head_dir
+        from .draft.vocab import check_draft_vocab
+        from .tuning import AcceptanceStats, use_auto_tree
+
+        def check_head_dir(head_dir: Path) -> None:
+            """The files it will read, without its tensors (headers only)."""
+            if inspect_head(head_dir).kind == "eagle1" and draft_vocab_size is not None:
+                check_draft_vocab(head_dir)
+            if tree == "auto":
+                AcceptanceStats.load(head_dir)
+
+        check_device(device)
+        if isinstance(tree, str) and tree != "auto":
+            parse_tree(tree)
+        head_dir = None
+        if head not in (None, "default"):
+            head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
+            check_head_dir(head_dir)
         tm = load_target(target, dtype or default_dtype(device), device)
-        note, head_dir = "", None
+        note = ""
         if head is None:
             return cls(tm, None, "none" if tree == "auto" else tree)
         if head == "default":
@@ -127,10 +133,8 @@ class EagleGenerator:
                     model = EagleHead(tm.config)
                 note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
                 warnings.warn(note, stacklevel=2)
-        else:
-            from .draft.shipped import named_head_dir
-
-            head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
+            else:
+                check_head_dir(head_dir)
         if head_dir is not None:
             model = load_head(head_dir, tm.config)
         draft_vocab = None  # an EAGLE-3 head brings its own
@@ -140,13 +144,15 @@ class EagleGenerator:
         gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
                   head_dir=head_dir)
         if tree == "auto":
-            from .tuning import use_auto_tree
-
-            use_auto_tree(gen)
+            use_auto_tree(gen, retune=retune, max_batch=max_batch)
         return gen
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True) -> list[int]:
+        """Text -> ids. Message contents and prompts are tokenized as text: a special-token string
+        in them is spelled out, never parsed (control tokens come from the chat template only)."""
+        from .prompts import encode_chat, encode_text  # here, not at the top: this method owns prompt encoding
+
         tok = self.target.tokenizer
         if tok is None:
             raise EagleError("this target has no tokenizer: pass input_ids")
@@ -155,11 +161,8 @@ class EagleGenerator:
                 raise EagleError("give a prompt, messages or input_ids")
             messages = [{"role": "user", "content": prompt}]
         if chat_template and tok.chat_template:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        else:
-            text = prompt if prompt is not None else "\n".join(m["content"] for m in messages)
-            ids = tok(text)["input_ids"]
-        return list(ids)
+            return encode_chat(tok, messages)
+        return encode_text(tok, prompt if prompt is not None else "\n".join(m["content"] for m in messages))
 
     def decode(self, ids: list[int]) -> str | None:
         tok = self.target.tokenizer
@@ -188,6 +191,17 @@ class EagleGenerator:
             self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab)
         return self._drafters[key]
 
+    def new_batch(self, tree="default", speculative: bool = True) -> Batch:
+        """An empty batch that sequences join (`Batch.add`) and step together. With the generator's
+        tuned `auto` tree, each step's tree follows the number of sequences in it."""
+        tree = self.tree if tree == "default" else parse_tree(tree) if isinstance(tree, str) else tree
+        drafter = self._drafter(tree) if speculative else None
+        choose = None
+        if drafter is not None and self.tuned is not None and self.tuned.by_batch and tree is self.tuned.tree:
+            def choose(size: int) -> Drafter | None:
+                return self._drafter(self.tuned.tree_for(size))
+        return Batch(self.target, drafter, choose)
+
     @torch.no_grad()
     def stream(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
                tree="default", speculative: bool = True, stop_token_ids: set[int] | None = None,
@@ -195,85 +209,46 @@ class EagleGenerator:
         """Yield the accepted tokens of each step. tree: 'default' (the generator's), a spec string,
         a StaticTree / DynamicTreeSpec, or None; speculative=False is vanilla decoding.
         observe(tree, target_logits [N, V], acceptance) sees every verification (tree tuning)."""
-        if max_new_tokens <= 0:
-            raise EagleError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         if isinstance(input_ids, torch.Tensor):  # HF users pass [1, T] tensors
             input_ids = input_ids.flatten().tolist()
-        if not input_ids:
-            raise EagleError("the prompt is empty")
-        if min(input_ids) < 0 or max(input_ids) >= self.target.vocab_size:
-            raise EagleError(f"prompt token ids must be in [0, {self.target.vocab_size}), got {min(input_ids)}..{max(input_ids)}")
-        n = len(input_ids)
-        if n >= self.target.max_context:
-            raise EagleError(f"the prompt has {n} tokens, the model's context is {self.target.max_context}: shorten the prompt")
-        tree = self.tree if tree == "default" else parse_tree(tree) if isinstance(tree, str) else tree
-        drafter = self._drafter(tree) if speculative else None
+        batch = self.new_batch(tree, speculative)
         stops = self.eos_token_ids() if stop_token_ids is None else stop_token_ids
-        budget = min(max_new_tokens, self.target.max_context - n)
-        generator = torch.Generator(device=self.target.device)
-        if sampling.seed is not None:
-            generator.manual_seed(sampling.seed)
-        else:
-            generator.seed()
+        seq, first = batch.add(input_ids, max_new_tokens, sampling, stops)
+        yield first
+        while not seq.done:
+            ((_, out),) = batch.step(observe)
+            yield out
 
-        target = self.target
-        ids = torch.tensor(input_ids, device=target.device)
-        cache = target.new_cache()
-        layers = drafter.hidden_layers if drafter else None
-        states = target.forward_states(ids[None], cache, layers=layers)
-        root = self._choose(target.logits(states.features[0, -1:]), sampling, generator)
-        produced = 1
-        finish = "stop" if root in stops else "length" if produced >= budget else None
-        yield StepOutput([root], StepStats(0, 1, n), finish)
-        if finish is not None:
-            return
-        draft_state = drafter.new_state() if drafter else None
-        pending_tokens = torch.cat([ids[1:], torch.tensor([root], device=target.device)])  # x[t+1] for each f[t]
-        pending_features = states.hidden[0]  # [n, k*H] the head's input for each x[t+1]
-
-        while True:
-            past = cache_length(cache)
-            if drafter is not None and past + drafter.max_nodes <= target.max_context and produced + 1 < budget:
-                dt = drafter.draft(draft_state, pending_tokens, pending_features, root)
-            else:  # vanilla, or too close to the end to draft (and it stays so: the head is done)
-                drafter = None
-                dt = DraftTree(torch.tensor([root], device=target.device), _ROOT_ONLY)
-            b = dt.buffers
-            states = target.forward_states(dt.tokens[None], cache, b.tree_mask, b.tree_position_ids,
-                                           layers if drafter is not None else None)
-            logits = target.logits(states.features[0])  # [N, V]
-            if sampling.greedy:
-                acc = verify_greedy(dt.tokens, logits, b.retrieve_indices.to(logits.device))
-            else:
-                def probs_at(node: int) -> torch.Tensor:
-                    return logits_to_probs(logits[node], sampling.temperature, sampling.top_k, sampling.top_p)
-
-                acc = verify_sampling(dt.tokens, probs_at, b.parents, generator)
-            if observe is not None:
-                observe(dt, logits, acc)
-            keep_path(cache, past, acc.path.to(target.device))
-            new = acc.accepted_tokens.tolist() + [acc.next_token]
-            emit = []
-            for t in new:
-                emit.append(t)
-                if t in stops or produced + len(emit) >= budget:
-                    break
-            produced += len(emit)
-            finish = "stop" if emit[-1] in stops else "length" if produced >= budget else None
-            yield StepOutput(emit, StepStats(acc.num_accepted, len(emit), dt.tokens.numel()), finish)
-            if finish is not None:
-                return
-            pending_tokens = torch.tensor(new, device=target.device)
-            pending_features = states.hidden[0][acc.path.to(target.device)]
-            root = acc.next_token
-
-    @staticmethod
-    def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-        """The token after the prompt, from the target alone. logits: [1, V]."""
-        if sampling.greedy:
-            return int(logits[0].argmax())
-        probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        return int(sample(probs, generator)[0])
+    def generate_batch(self, prompts: list[str] | None = None, *, input_ids: list[list[int]] | None = None,
+                       max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                       seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
+                       stop_token_ids: set[int] | None = None) -> list[GenerationResult]:
+        """Blocking generation of several prompts decoded together (one draft pass and one target
+        forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given.
+        Each result's `elapsed` is the batch's wall time up to that sequence's last token."""
+        if input_ids is None:
+            if prompts is None:
+                raise EagleError("give prompts or input_ids")
+            input_ids = [self.encode(p, None, chat_template) for p in prompts]
+        batch = self.new_batch(tree, speculative)
+        stops = self.eos_token_ids() if stop_token_ids is None else stop_token_ids
+        results = [GenerationResult(prompt_tokens=len(ids)) for ids in input_ids]
+        start = time.perf_counter()
+        owner = {}
+        for i, ids in enumerate(input_ids):
+            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i)
+            seq, first = batch.add(list(ids), max_new_tokens, sampling, stops)
+            results[i].add(first)
+            owner[id(seq)] = i
+        while len(batch):
+            for seq, out in batch.step():
+                results[owner[id(seq)]].add(out)
+                if out.finish_reason is not None:
+                    results[owner[id(seq)]].elapsed = time.perf_counter() - start
+        for r in results:
+            r.elapsed = r.elapsed or time.perf_counter() - start
+            r.text = self.decode(r.token_ids)
+        return results
 
     def generate(self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,

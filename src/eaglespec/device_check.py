@@ -114,16 +114,10 @@ def say(message: str) -> None:
 # -- the edge: device and dtype ---------------------------------------------------------------
 def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
     """The device asked for and its fast dtype (bf16 on CUDA, fp32 on CPU), checked once."""
-    from .target import default_dtype
+    from .target import check_device, default_dtype
 
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise EagleError(f"--device {name!r} is not a device: pass cuda, cuda:N or cpu") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        why = "this torch is a CPU-only build" if torch.version.cuda is None else "no GPU is visible"
-        raise EagleError(f"--device {name}: torch {torch.__version__} sees no CUDA device ({why}): run it on the GPU "
-                         "machine (make device-check), or check on CPU with --device cpu (make device-check-dry)")
+    device = check_device(name, "run it on the GPU machine (make device-check), or check on CPU with --device cpu "
+                                "(make device-check-dry)")
     if device.type not in ("cuda", "cpu"):
         raise EagleError(f"--device {name!r}: only cuda and cpu are checked")
     return device, default_dtype(device.type)

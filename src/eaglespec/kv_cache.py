@@ -57,3 +57,96 @@ def keep_path(cache: DynamicCache, start: int, path: torch.Tensor) -> None:
             # the path only moves entries towards `start`: gather, write in place, keep a view
             t[:, :, start:start + n] = t.index_select(2, index.to(t.device))
             setattr(layer, name, t[:, :, :start + n])
+
+
+class RowCache:
+    """A `DynamicCache` shared by B sequences of different lengths (rows right-padded in place).
+
+    Row r's entries are slots [0, lens[r]); slots after that are stale (another row's growth, or
+    tree nodes that were not accepted) and every forward masks them out with `valid`. New tokens
+    of all rows are appended together at the cache's end, then `keep_paths` moves each row's
+    accepted entries down to directly after its own length. Why this layout and not a paged one:
+    a step appends at most one tree per row, so the padding a row carries is bounded by how far
+    the longest row is ahead; on a CPU the stock attention over a contiguous [B, heads, S, d]
+    tensor is the fast path, and gathering pages would cost a copy of the cache every step.
+    """
+
+    def __init__(self, cache: DynamicCache, lens: list[int]):
+        self.cache = cache
+        self.lens = torch.tensor(lens, dtype=torch.long)  # [B] valid entries per row
+
+    def __len__(self) -> int:
+        return self.lens.numel()
+
+    @property
+    def length(self) -> int:
+        """Slots in the cache tensors (>= every row's length)."""
+        return cache_length(self.cache)
+
+    def valid(self, upto: int, device=None) -> torch.Tensor:
+        """[B, upto] bool: slot j holds an entry of row r."""
+        return torch.arange(upto, device=device)[None] < self.lens.to(device)[:, None]
+
+    def keep_paths(self, start: int, paths: list[torch.Tensor]) -> None:
+        """After a forward that appended one block per row at `start`: keep, for each row, the
+        entries of its accepted path (block-relative indices, root first), in path order, directly
+        after the row's length; then drop the slots no row needs."""
+        counts = [p.numel() for p in paths]
+        if all(int(n) == start for n in self.lens) and all(torch.equal(p.cpu(), torch.arange(p.numel())) for p in paths):
+            crop(self.cache, start + max(counts))  # chains on rows of equal length: a plain crop
+            self.lens += torch.tensor(counts)
+            return
+        width = max(counts)
+        src = torch.zeros(len(paths), width, dtype=torch.long)
+        for r, p in enumerate(paths):
+            src[r, : p.numel()] = p.cpu() + start
+        dst = self.lens[:, None] + torch.arange(width)[None]  # [B, width]; pads land past the row's new length
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise EagleError(f"cannot compact a {type(layer).__name__} cache layer; only full (DynamicLayer) caches are supported")
+            if layer.keys is None:
+                continue
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # [B, heads, S, d]
+                shape = (t.shape[0], t.shape[1], width, t.shape[3])
+                moved = t.gather(2, src.to(t.device)[:, None, :, None].expand(shape))
+                t.scatter_(2, dst.to(t.device)[:, None, :, None].expand(shape), moved)
+        self.lens += torch.tensor(counts)
+        crop(self.cache, int(self.lens.max()))
+
+    def crop(self, length: int) -> None:
+        """Forget every entry at or after slot `length`, in every row."""
+        crop(self.cache, length)
+        self.lens = self.lens.clamp(max=length)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        self.lens = self.lens[index]
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+                layer.values = layer.values.index_select(0, index.to(layer.values.device))
+        if rows:
+            crop(self.cache, int(self.lens.max()))
+
+    def extend(self, other: "RowCache") -> None:
+        """Append other's rows after ours (the shorter side is padded with zero slots)."""
+        length = max(self.length, other.length)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            if theirs.keys is None:
+                continue
+            if mine.keys is None or not mine.keys.numel():
+                mine.lazy_initialization(theirs.keys, theirs.values)
+                mine.keys, mine.values = theirs.keys[:0], theirs.values[:0]
+            for name in ("keys", "values"):
+                a, b = _pad_slots(getattr(mine, name), length), _pad_slots(getattr(theirs, name), length)
+                setattr(mine, name, torch.cat([a, b], dim=0))
+        self.lens = torch.cat([self.lens, other.lens])
+
+
+def _pad_slots(t: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, heads, S, d] -> [B, heads, length, d], zero slots appended."""
+    if t.shape[2] >= length:
+        return t
+    return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))

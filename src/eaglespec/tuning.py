@@ -24,7 +24,7 @@ import torch
 
 from .config import parse_tree
 from .draft.drafter import Drafter
-from .errors import EagleError
+from .errors import EagleError, one_line
 from .files import atomic_write_bytes
 from .tree import StaticTree, static_tree
 
@@ -51,11 +51,26 @@ class AcceptanceStats:
 
     @classmethod
     def load(cls, head_dir: str | Path) -> "AcceptanceStats | None":
+        """The head's acceptance.json, or None when it has none; a damaged one is refused in one line."""
         path = Path(head_dir) / STATS_FILE
         if not path.is_file():
             return None
-        data = json.loads(path.read_text())
-        return cls(tuple(tuple(float(x) for x in row) for row in data["p"]), int(data["steps"]))
+        fix = f"measure it again with `eaglespec tune --head {path.parent}`, or delete it (--tree auto then uses EAGLE-1's tree)"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise EagleError(f"{path} cannot be read as JSON ({one_line(exc)}): {fix}") from exc
+        try:
+            p = tuple(tuple(float(x) for x in row) for row in data["p"])
+            steps = int(data["steps"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EagleError(f"{path} is not an acceptance table {{\"p\": [[...], ...], \"steps\": N}} "
+                             f"({one_line(exc)}): {fix}") from exc
+        if not p or not p[0] or len({len(row) for row in p}) != 1:
+            raise EagleError(f"{path}: p must be a non-empty table with one row per depth, all rows as long: {fix}")
+        if not all(0.0 <= x <= 1.0 for row in p for x in row):
+            raise EagleError(f"{path}: p holds values outside 0..1 (probabilities): {fix}")
+        return cls(p, steps)
 
 
 def calibrate(gen, prompts: list[list[int]], max_new_tokens: int = 128, stop_token_ids: set[int] | None = None) -> AcceptanceStats:
@@ -120,40 +135,183 @@ def _timed(fn, reps: int) -> float:
 
 
 @torch.no_grad()
-def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256,
-                       reps: int = 3) -> tuple[float, dict[int, tuple[float, float]]]:
-    """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}) on a cache of `context` tokens."""
-    from .kv_cache import crop
+def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 3,
+                       batch: int = 1) -> tuple[float, dict[int, tuple[float, float]]]:
+    """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}) for `batch` sequences of
+    `context` cached tokens each, through the batched step's own code (RowCache, forward_rows)."""
+    from .kv_cache import RowCache
 
     target = gen.target
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     cache = target.new_cache()
     layers = gen.head.hidden_layers
-    features = target.forward_states(prompt, cache, layers=layers).hidden[0]  # what the head reads
-    base = cache.get_seq_length()
+    features = target.forward_states(prompt.expand(batch, -1), cache, layers=layers).hidden[0]  # what the head reads
+    rows = RowCache(cache, [context] * batch)
 
     def verify(tree: StaticTree | None):
         n = 1 if tree is None else tree.num_nodes
-        tokens = torch.randint(0, target.vocab_size, (1, n), generator=g)
+        tokens = torch.randint(0, target.vocab_size, (batch, n), generator=g)
         mask = torch.ones(1, 1, dtype=torch.bool) if tree is None else tree.buffers.tree_mask
         depth = torch.zeros(1, dtype=torch.long) if tree is None else tree.buffers.tree_position_ids
-        target.logits(target.forward_states(tokens, cache, mask, depth, layers if tree is not None else None).features)
-        crop(cache, base)
+        states = target.forward_rows(tokens, rows, mask.expand(batch, n, n), depth.expand(batch, n), layers)
+        target.logits(states.features.flatten(0, 1))
+        rows.crop(context)
 
     vanilla = _timed(lambda: verify(None), reps)
     costs = {}
     for n, tree in trees.items():
         drafter = Drafter(gen.head, target, tree, gen.draft_vocab)
-        state = drafter.new_state()
-        drafter.draft(state, prompt[0, 1:-1], features[:-2], int(prompt[0, -2]))  # the head's cache: context - 2 pairs
+        state = drafter.new_state(batch)
+        # the head's cache: context - 2 pairs per row
+        drafter.draft_rows(state, [prompt[0, 1:-1]] * batch, [features[:-2]] * batch, [int(prompt[0, -2])] * batch)
 
         def draft():
-            drafter.draft(state, prompt[0, -1:], features[-2:-1], int(prompt[0, -1]))
-            crop(state.cache, context - 2)
+            drafter.draft_rows(state, [prompt[0, -1:]] * batch, [features[-2:-1]] * batch, [int(prompt[0, -1])] * batch)
+            state.rows.crop(context - 2)
 
         costs[n] = (_timed(draft, reps), _timed(lambda: verify(tree), reps))
     return vanilla, costs
+
+
+# -- the cost curve, cached per machine ---------------------------------------------------------
+CACHE_ENV = "EAGLESPEC_CACHE"     # a folder for measured facts of this machine (default: the user's cache)
+RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
+COST_SCHEME = 1                   # bump when what measure_step_costs times changes
+COST_CONTEXT = 256                # tokens in the cache a cost is measured on
+
+
+def cache_dir() -> Path:
+    """$EAGLESPEC_CACHE, else $XDG_CACHE_HOME/eaglespec, else ~/.cache/eaglespec."""
+    import os
+
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "eaglespec"
+
+
+def retune_requested() -> bool:
+    import os
+
+    return os.environ.get(RETUNE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _head_architecture(gen) -> str:
+    """What a draft step's cost depends on: the kind, every parameter's shape and the draft
+    vocabulary's size; not the weights' values (a retrained head costs the same per step)."""
+    import hashlib
+
+    h = hashlib.sha256(gen.head.kind.encode())
+    for name, param in sorted(gen.head.state_dict().items()):
+        h.update(f"{name}:{tuple(param.shape)};".encode())
+    h.update(f"draft_vocab:{None if gen.draft_vocab is None else gen.draft_vocab.numel()}".encode())
+    return f"{gen.head.kind}-{h.hexdigest()[:16]}"
+
+
+def cost_key(gen) -> dict:
+    """Everything a measured step cost depends on: the machine (CPU model and matrix flags, or the
+    GPU), the software, the thread count, the target's weights and dtype, and the head's shape."""
+    import transformers
+
+    from . import __version__
+    from .target import cpu_identity
+
+    target = gen.target
+    device = target.device
+    return {"scheme": COST_SCHEME, **cpu_identity(), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "eaglespec": __version__,
+            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
+            "head": _head_architecture(gen), "context": COST_CONTEXT}
+
+
+def cost_file(key: dict, folder: Path | None = None) -> Path:
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (folder or cache_dir()) / f"step-costs-{digest}.json"
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one step on this machine, for one batch size."""
+
+    vanilla: float                         # one vanilla step: a single-token target forward
+    costs: dict[int, tuple[float, float]]  # N -> (draft s, verify s) of the N-node tree measured
+    source: str                            # where the figures came from, said to the user
+
+
+def _read_costs(path: Path, key: dict, trees: dict[int, StaticTree], batch: int = 1) -> tuple[dict | None, CostCurve | None]:
+    """-> (the file's contents, the curve when it covers these very trees); raises ValueError
+    (or KeyError / TypeError) for a file that is not ours or is damaged."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("batch_sizes"), dict):
+        raise ValueError("no batch_sizes table")
+    if data.get("key") != key:  # a hash collision or an older scheme: measure, and overwrite
+        return None, None
+    entry = data["batch_sizes"].get(str(batch))
+    if entry is None:
+        return data, None
+    rows = entry["trees"]
+    if any(str(n) not in rows or rows[str(n)]["paths"] != [list(p) for p in tree.paths] for n, tree in trees.items()):
+        return data, None  # other trees (new acceptance, other sizes): measure these
+    costs = {n: (float(rows[str(n)]["draft"]), float(rows[str(n)]["verify"])) for n in trees}
+    vanilla = float(entry["vanilla"])
+    if not all(x > 0 for x in (vanilla, *(c for pair in costs.values() for c in pair))):
+        raise ValueError("a cost is not a positive number of seconds")
+    source = (f"cost curve cached at {path} (measured {entry['measured_at']}, {key['threads']} threads); "
+              f"--retune or {RETUNE_ENV}=1 measures it again")
+    return data, CostCurve(vanilla, costs, source)
+
+
+def step_costs(gen, trees: dict[int, StaticTree], reps: int = 3, cache: Path | None = None,
+               retune: bool = False, batch: int = 1) -> CostCurve:
+    """The cost curve of `trees` on this machine: read from `cache` (a folder; see `cost_key` for
+    what the file is keyed by) when it holds these trees and retune is off, else measured
+    (`measure_step_costs`) and written there. cache None: always measured, nothing written. A
+    damaged cache file is ignored, said so, and rewritten; an unwritable folder only costs the
+    next start a measurement. batch: sequences decoding together (each batch size has its entry)."""
+    from datetime import datetime
+
+    if cache is None:
+        vanilla, costs = measure_step_costs(gen, trees, context=COST_CONTEXT, reps=reps, batch=batch)
+        return CostCurve(vanilla, costs, "cost curve measured now (not cached)")
+    key = cost_key(gen)
+    path = cost_file(key, cache)
+    data, note = None, ""
+    if path.is_file():
+        try:
+            data, curve = _read_costs(path, key, trees, batch)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            data, curve = None, None
+            note = f"note: ignored the damaged cost cache {path} ({one_line(exc)}); "
+        if curve is not None and not retune:
+            return curve
+    start = time.perf_counter()
+    vanilla, costs = measure_step_costs(gen, trees, context=COST_CONTEXT, reps=reps, batch=batch)
+    took = time.perf_counter() - start
+    entry = {"measured_at": datetime.now().astimezone().isoformat(timespec="seconds"), "reps": reps,
+             "vanilla": vanilla,
+             "trees": {str(n): {"paths": [list(p) for p in tree.paths], "draft": costs[n][0], "verify": costs[n][1]}
+                       for n, tree in trees.items()}}
+    # other batch sizes' entries (measured by their own code) stay as they were
+    sizes = {**(data or {}).get("batch_sizes", {}), str(batch): entry}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps({"key": key, "batch_sizes": sizes}, indent=1).encode())
+        where = f"cached at {path}; --retune or {RETUNE_ENV}=1 measures it again"
+    except OSError as exc:
+        where = f"not cached: {path.parent} is not writable ({exc.strerror}); set {CACHE_ENV} to a writable folder"
+    return CostCurve(vanilla, costs, f"{note}cost curve measured now in {took:.0f} s, {where}")
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    batch: int                  # sequences decoding together
+    tree: StaticTree | None     # None: no drafts at this batch size (vanilla steps are faster)
+    predicted_speedup: float    # of the best tree measured at this size
 
 
 @dataclass(frozen=True)
@@ -163,39 +321,86 @@ class TunedTree:
     predicted_speedup: float
     table: list[tuple[int, float, float, float, float]]  # (N, tau, draft s, verify s, predicted speedup)
     vanilla: float  # seconds of one vanilla step
+    costs_source: str = ""  # where the cost curve came from (cache file, measured now)
+    by_batch: tuple[BatchChoice, ...] = ()  # the choices for batches of more than one sequence
+
+    def tree_for(self, batch: int) -> StaticTree | None:
+        """The tree for a step of `batch` sequences: that of the largest batch size tuned that is
+        not above it."""
+        tree = self.tree
+        for choice in self.by_batch:
+            if choice.batch <= batch:
+                tree = choice.tree
+        return tree
 
     def describe(self) -> str:
+        """What was chosen and why: two lines, more for batches and when drafting is predicted to lose."""
         paths = [list(p) for p in self.tree.paths]
-        text = (f"auto tree: {self.tree.num_nodes - 1} draft nodes, depth {self.tree.depth}, predicted tau "
-                f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x; paths {paths}")
+        n = self.tree.num_nodes - 1
+        draft, verify = next((row[2], row[3]) for row in self.table if row[0] == n)
+        text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} for a step "
+                f"costing {(draft + verify) / self.vanilla:.2f}x a vanilla step: predicted speedup "
+                f"{self.predicted_speedup:.2f}x; paths {paths}")
+        if self.by_batch:
+            text += "\nauto tree by batch size: " + ", ".join(
+                f"{c.batch}: {'no drafts' if c.tree is None else f'{c.tree.num_nodes - 1} nodes'} "
+                f"(best predicted {c.predicted_speedup:.2f}x)" for c in self.by_batch)
+        if self.costs_source:
+            text += f"\n{self.costs_source}"
         if self.predicted_speedup < 1.0:
             text += ("\nnote: even the best tree is predicted to be slower than vanilla decoding on this machine "
                      "with this head (its acceptance is too low for the verify cost); --head none decodes without drafting")
         return text
 
 
-def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3) -> TunedTree:
+BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3, cache: Path | None = None,
+         retune: bool = False, max_batch: int = 1) -> TunedTree:
+    """The tree of `sizes` nodes with the best predicted tokens/s; cache and retune: see `step_costs`.
+
+    max_batch > 1 also tunes batches of 2, 4, 8, 16 sequences up to it. A larger batch keeps the
+    target's matrix units busier, so a vanilla step gets cheaper per token and verifying a tree
+    relatively dearer (the EAGLE paper's batch-size study): each batch size is measured only
+    with trees no larger than the previous size's choice, and gets no drafts at all where none
+    is predicted to pay."""
     if gen.head is None:
         raise EagleError("tree auto-tuning needs an EAGLE head")
     candidates = best_trees(stats, max(sizes))
     trees = {n: static_tree(candidates[n - 1][0]) for n in sizes if n <= len(candidates)}
-    vanilla, costs = measure_step_costs(gen, trees, reps=reps)
-    table = []
-    for n in trees:
-        tau, (draft, verify) = candidates[n - 1][1], costs[n]
-        table.append((n, tau, draft, verify, tau * vanilla / (draft + verify)))
-    best = max(table, key=lambda row: row[4])
-    return TunedTree(trees[best[0]], best[1], best[4], table, vanilla)
+    choices, sources = [], []
+    best_n, tuned = max(trees), None
+    for batch in (b for b in BATCH_SIZES if b <= max_batch):
+        sized = {n: t for n, t in trees.items() if n <= best_n}
+        curve = step_costs(gen, sized, reps, cache, retune, batch)
+        table = []
+        for n in sized:
+            tau, (draft, verify) = candidates[n - 1][1], curve.costs[n]
+            table.append((n, tau, draft, verify, tau * curve.vanilla / (draft + verify)))
+        best = max(table, key=lambda row: row[4])
+        if batch == 1:
+            tuned = TunedTree(trees[best[0]], best[1], best[4], table, curve.vanilla, curve.source)
+        else:
+            choices.append(BatchChoice(batch, trees[best[0]] if best[4] > 1.0 else None, best[4]))
+            sources.append(curve.source)
+        if best[4] <= 1.0 and batch > 1:
+            break  # larger batches pay even less for drafts
+        best_n = best[0]
+    source = tuned.costs_source if not sources else f"{tuned.costs_source} (batch 1; {len(sources)} more batch sizes likewise)"
+    return TunedTree(tuned.tree, tuned.predicted_tau, tuned.predicted_speedup, tuned.table, tuned.vanilla, source,
+                     tuple(choices))
 
 
-def use_auto_tree(gen) -> None:
-    """Give `gen` the tree tuned for this machine from its head directory's acceptance.json
-    (gen.tuned says what was chosen); EAGLE-1's tree, with a note, when the head has none."""
+def use_auto_tree(gen, retune: bool = False, max_batch: int = 1) -> None:
+    """Give `gen` the tree tuned for this machine from its head directory's acceptance.json and
+    the cached cost curve (gen.tuned says what was chosen and why); EAGLE-1's tree, with a note,
+    when the head has none. retune (or EAGLESPEC_RETUNE=1): measure the cost curve again."""
     stats = AcceptanceStats.load(gen.head_dir) if gen.head_dir is not None and gen.head is not None else None
     if stats is None:
         note = "--tree auto: the head has no acceptance.json (run `eaglespec tune`), using EAGLE-1's tree"
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
         gen.tree, gen.tuned = parse_tree("eagle1"), None
         return
-    gen.tuned = tune(gen, stats)
+    gen.tuned = tune(gen, stats, cache=cache_dir(), retune=retune or retune_requested(), max_batch=max_batch)
     gen.tree = gen.tuned.tree

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from ..attention import additive_mask
 from ..config import DynamicTreeSpec
-from ..kv_cache import cache_length, crop
+from ..kv_cache import RowCache, crop
 from ..tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
 
 
@@ -29,9 +29,16 @@ class DraftTree:
 
 @dataclass
 class DraftState:
-    """Per-request head state, owned by the generator."""
+    """The head's state for the rows of a batch (one row per sequence), owned by the generator:
+    its KV cache over the real (token, hidden) pairs each row has seen."""
 
-    cache: DynamicCache
+    rows: RowCache
+
+    def select(self, rows: list[int]) -> None:
+        self.rows.select(rows)
+
+    def extend(self, other: "DraftState") -> None:
+        self.rows.extend(other.rows)
 
 
 class _Growth:
@@ -87,96 +94,140 @@ class Drafter:
         else:
             self.max_nodes = tree.total_tokens + 1
 
-    def new_state(self) -> DraftState:
-        return DraftState(DynamicCache(config=self.head.cache_config))
+    def new_state(self, rows: int = 1) -> DraftState:
+        return DraftState(RowCache(DynamicCache(config=self.head.cache_config), [0] * rows))
 
     # -- head pieces ---------------------------------------------------------------------------
     def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:
-        """[M, H] head outputs -> [M, Vd] draft log-probabilities q (over the draft vocabulary)."""
+        """[..., H] head outputs -> [..., Vd] draft log-probabilities q (over the draft vocabulary)."""
         return self.lm.logprobs(out)
 
     def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.to_target_ids(ids)
 
-    def _head(self, state: DraftState, tokens: torch.Tensor, hidden: torch.Tensor, allowed: torch.Tensor,
+    def _head(self, state: DraftState, base: int, tokens: torch.Tensor, hidden: torch.Tensor, block: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:
-        """tokens [M], hidden [M, H], allowed [M, cache+M] bool, positions [M] -> head outputs [M, H]."""
-        embeds = self.target.embed_tokens(tokens.to(self.target.device))[None]
-        mask = additive_mask(allowed, self.dtype)
-        out = self.head(embeds, hidden[None], attention_mask=mask, position_ids=positions[None], cache=state.cache)
-        return out[0]
+        """Append M pairs per row to the head cache and run the head over them.
+
+        base: cache slots before this step's appended blocks (row r's real pairs are [0, lens[r]));
+        tokens [B, M], hidden [B, M, H], block [B, M, A] bool over the slots appended since `base`
+        (this call's M included), positions [B, M] -> head outputs [B, M, H]."""
+        embeds = self.target.embed_tokens(tokens.to(self.target.device))
+        m = tokens.shape[1]
+        real = state.rows.valid(base, block.device)[:, None, :].expand(-1, m, -1)
+        mask = additive_mask(torch.cat([real, block], dim=2), self.dtype)
+        return self.head(embeds, hidden, attention_mask=mask, position_ids=positions, cache=state.rows.cache)
 
     # -- one drafting step --------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, state: DraftState, new_tokens: torch.Tensor, new_features: torch.Tensor, root: int) -> DraftTree:
-        """new_tokens [P] (x[t+1]) and new_features [P, k*H] (the target's states at t, as
-        `hidden_layers` asks): the real pairs not yet in the head cache, the last pair ending with
-        the root token. Returns the tree rooted at `root`."""
-        device = new_features.device
-        new_features = self.head.encode(new_features.to(self.dtype))
-        real = cache_length(state.cache)
-        p = new_tokens.numel()
-        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-        allowed = torch.cat([torch.ones(p, real, dtype=torch.bool, device=device), causal], dim=1)
-        out = self._head(state, new_tokens, new_features, allowed, torch.arange(real, real + p, device=device))
-        real += p
-        g = _Growth(root, out[-1], device)
+        """One sequence (a state of one row): see `draft_rows`."""
+        return self.draft_rows(state, [new_tokens], [new_features], [root])[0]
+
+    @torch.no_grad()
+    def draft_rows(self, state: DraftState, new_tokens: list[torch.Tensor], new_features: list[torch.Tensor],
+                   roots: list[int]) -> list[DraftTree]:
+        """For each row r: new_tokens[r] [P] (x[t+1]) and new_features[r] [P, k*H] (the target's
+        states at t, as `hidden_layers` asks) are the real pairs not yet in the head cache, the last
+        pair ending with the root token. Every row's tree has the same shape (the static tree, or
+        the dynamic tree's top-k frontier per depth), so each depth is one head forward for the
+        whole batch. Returns each row's tree rooted at roots[r]."""
+        device = new_features[0].device
+        counts = [t.numel() for t in new_tokens]
+        out = self._absorb(state, new_tokens, new_features)
+        growths = [_Growth(root, out[r, counts[r] - 1], device) for r, root in enumerate(roots)]
+        base = state.rows.length
         if isinstance(self.tree, StaticTree):
-            self._grow_static(state, g, real)
-            crop(state.cache, real)  # forget the pairs built from predicted features
-            tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
-            return DraftTree(tokens, self.tree.buffers)
-        keep = self._grow_dynamic(state, g, real)
-        crop(state.cache, real)
-        return self._finish(g, keep, device)
+            self._grow_static(state, growths, base)
+            crop(state.rows.cache, base)  # forget the pairs built from predicted features
+            return [DraftTree(torch.tensor(g.tokens, dtype=torch.long, device=device), self.tree.buffers)
+                    for g in growths]
+        keeps = self._grow_dynamic(state, growths, base)
+        crop(state.rows.cache, base)
+        return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
 
-    def _expand(self, state: DraftState, g: _Growth, nodes: list[int], real: int) -> None:
-        """One head forward over `nodes` (all of one depth): fills g.out for each."""
-        feats = torch.stack([g.out[g.parents[n]] for n in nodes])
-        tokens = torch.tensor([g.tokens[n] for n in nodes], device=g.device)
-        m = len(nodes)
-        allowed = torch.cat([
-            torch.ones(m, real, dtype=torch.bool, device=g.device),
-            g.ancestor_mask(nodes),
-            torch.eye(m, dtype=torch.bool, device=g.device),
-        ], dim=1)
-        positions = torch.tensor([real - 1 + g.depths[n] for n in nodes], device=g.device)
-        out = self._head(state, tokens, feats, allowed, positions)
-        for i, n in enumerate(nodes):
-            g.out[n] = out[i]
-        g.slots.extend(nodes)
+    @torch.no_grad()
+    def absorb(self, state: DraftState, new_tokens: torch.Tensor, new_features: torch.Tensor) -> None:
+        """Feed one row's real pairs (a prompt's, when a sequence joins a batch) into the head
+        cache ahead of its first draft, so that the batch's first drafting pass is not padded to
+        the prompt's length."""
+        if new_tokens.numel():
+            self._absorb(state, [new_tokens], [new_features])
 
-    def _grow_static(self, state: DraftState, g: _Growth, real: int) -> None:
+    def _absorb(self, state: DraftState, new_tokens: list[torch.Tensor], new_features: list[torch.Tensor]) -> torch.Tensor:
+        """Run the head over each row's new real pairs and keep them in its cache. -> [B, P, H]."""
+        device = new_features[0].device
+        b, counts = len(new_tokens), [t.numel() for t in new_tokens]
+        p = max(counts)
+        encoded = [self.head.encode(f.to(self.dtype)) for f in new_features]  # [P, H] each
+        tokens = torch.zeros(b, p, dtype=torch.long, device=device)
+        hidden = encoded[0].new_zeros(b, p, encoded[0].shape[-1])
+        for r, (t, e) in enumerate(zip(new_tokens, encoded)):
+            tokens[r, : counts[r]] = t
+            hidden[r, : counts[r]] = e
+        # row r's pairs are causal among themselves; its padding sees only itself
+        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+        real_pair = torch.arange(p, device=device)[None] < torch.tensor(counts, device=device)[:, None]  # [B, P]
+        block = (causal[None] & real_pair[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
+        base = state.rows.length
+        positions = state.rows.lens.to(device)[:, None] + torch.arange(p, device=device)[None]
+        out = self._head(state, base, tokens, hidden, block, positions)
+        state.rows.keep_paths(base, [torch.arange(c) for c in counts])
+        return out
+
+    def _expand(self, state: DraftState, growths: list[_Growth], nodes: list[list[int]], base: int) -> None:
+        """One head forward over nodes[r] of every row (all of one depth, as many per row): fills
+        g.out for each."""
+        device = growths[0].device
+        m = len(nodes[0])
+        feats = torch.stack([torch.stack([g.out[g.parents[n]] for n in ns]) for g, ns in zip(growths, nodes)])
+        tokens = torch.tensor([[g.tokens[n] for n in ns] for g, ns in zip(growths, nodes)], device=device)
+        block = torch.stack([torch.cat([g.ancestor_mask(ns), torch.eye(m, dtype=torch.bool, device=device)], dim=1)
+                             for g, ns in zip(growths, nodes)])
+        positions = state.rows.lens.to(device)[:, None] - 1 + torch.tensor(
+            [[g.depths[n] for n in ns] for g, ns in zip(growths, nodes)], device=device)
+        out = self._head(state, base, tokens, feats, block, positions)
+        for r, (g, ns) in enumerate(zip(growths, nodes)):
+            for i, n in enumerate(ns):
+                g.out[n] = out[r, i]
+            g.slots.extend(ns)
+
+    def _grow_static(self, state: DraftState, growths: list[_Growth], base: int) -> None:
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
-                self._expand(state, g, expand, real)
-            logp = self._draft_logprobs(torch.stack([g.out[n] for n in expand]))
-            top_lp, top_ids = logp.topk(self._k, dim=-1)
+                self._expand(state, growths, [expand] * len(growths), base)
+            logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
+            top_lp, top_ids = logp.topk(self._k, dim=-1)  # [B, E, k]
             top_lp, top_ids = top_lp.tolist(), self._to_target_ids(top_ids).tolist()
             row = {n: i for i, n in enumerate(expand)}
-            for child, par, rank in children:
-                r = row[par]
-                node = g.add(top_ids[r][rank], par, g.scores[par] + top_lp[r][rank])
-                assert node == child, "static tree levels must be contiguous and ordered"
+            for g, lp, ids in zip(growths, top_lp, top_ids):
+                for child, par, rank in children:
+                    node = g.add(ids[row[par]][rank], par, g.scores[par] + lp[row[par]][rank])
+                    assert node == child, "static tree levels must be contiguous and ordered"
 
-    def _grow_dynamic(self, state: DraftState, g: _Growth, real: int) -> torch.Tensor:
+    def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int) -> list[torch.Tensor]:
         spec: DynamicTreeSpec = self.tree
-        frontier = [0]
+        frontiers = [[0] for _ in growths]
         for d in range(spec.depth):
             if d > 0:
-                self._expand(state, g, frontier, real)
-            logp = self._draft_logprobs(torch.stack([g.out[n] for n in frontier]))  # [F, Vd]
-            top_lp, top_ids = logp.topk(spec.top_k, dim=-1)
-            base = torch.tensor([g.scores[n] for n in frontier], device=logp.device)[:, None]
-            cum = (base + top_lp).flatten()  # [F * k]
-            ids, cum_list = self._to_target_ids(top_ids).flatten().tolist(), cum.tolist()
-            created = [g.add(ids[i], frontier[i // spec.top_k], cum_list[i]) for i in range(len(ids))]
-            best = cum.topk(min(spec.top_k, cum.numel())).indices.tolist()
-            frontier = [created[b] for b in sorted(best)]
-        candidates = torch.tensor(g.scores[1:])
-        parents = torch.tensor([p - 1 for p in g.parents[1:]])  # candidate indices; root -> -1
-        chosen = select_best_nodes(candidates, parents, spec.total_tokens)
-        return torch.cat([torch.zeros(1, dtype=torch.long), chosen + 1])
+                self._expand(state, growths, frontiers, base)
+            logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in f]) for g, f in zip(growths, frontiers)]))
+            top_lp, top_ids = logp.topk(spec.top_k, dim=-1)  # [B, F, k]
+            all_ids = self._to_target_ids(top_ids).flatten(1).tolist()
+            for r, (g, frontier) in enumerate(zip(growths, frontiers)):
+                base_lp = torch.tensor([g.scores[n] for n in frontier], device=logp.device)[:, None]
+                cum = (base_lp + top_lp[r]).flatten()  # [F * k]
+                ids, cum_list = all_ids[r], cum.tolist()
+                created = [g.add(ids[i], frontier[i // spec.top_k], cum_list[i]) for i in range(len(ids))]
+                best = cum.topk(min(spec.top_k, cum.numel())).indices.tolist()
+                frontiers[r] = [created[i] for i in sorted(best)]
+        keeps = []
+        for g in growths:
+            candidates = torch.tensor(g.scores[1:])
+            parents = torch.tensor([p - 1 for p in g.parents[1:]])  # candidate indices; root -> -1
+            chosen = select_best_nodes(candidates, parents, spec.total_tokens)
+            keeps.append(torch.cat([torch.zeros(1, dtype=torch.long), chosen + 1]))
+        return keeps
 
     @staticmethod
     def _finish(g: _Growth, keep: torch.Tensor, device) -> DraftTree:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import EagleError
-from .heads import DraftLM, read_head_files, write_head
+from .heads import DraftLM, check_config_against_weights, read_head_files, write_head
 
 
 def _head_config(target_config):
@@ -116,6 +116,7 @@ class EagleHead(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, target_config) -> "EagleHead":
         cfg, sd, _ = read_head_files(directory)
+        check_config_against_weights(cfg, cls.kind, {k: tuple(v.shape) for k, v in sd.items()}, directory)
         return cls.from_files(cfg, sd, target_config, str(directory))
 
     @classmethod

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..errors import EagleError
+from ..errors import EagleError, one_line
 from ..files import atomic_path, atomic_write_bytes
 
 WEIGHTS = "model.safetensors"
@@ -63,8 +63,8 @@ def head_kind(cfg: dict, source: str) -> str:
                      f"got architectures={archs}, num_hidden_layers={cfg.get('num_hidden_layers')}")
 
 
-def read_head_files(directory: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor], Path]:
-    """(config dict, tensors, weights path) of a head directory, with one-line errors."""
+def _config_and_weights(directory: str | os.PathLike) -> tuple[dict, Path]:
+    """(config dict, weights path: model.safetensors, the sharded index or pytorch_model.bin)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise EagleError(f"head directory {directory} does not exist: pass --head DIR (a folder with config.json and model.safetensors)")
@@ -82,20 +82,128 @@ def read_head_files(directory: str | os.PathLike) -> tuple[dict, dict[str, torch
         raise EagleError(f"{directory / CONFIG} is not valid JSON ({exc}); re-export the head") from exc
     if not isinstance(cfg, dict):
         raise EagleError(f"{directory / CONFIG} is not a JSON object; re-export the head")
+    return cfg, weights
+
+
+def _shards(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [index.parent / name for name in sorted(set(weight_map.values()))]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise EagleError(f"{index} is not a sharded-weights index ({one_line(exc)}); re-export the head") from exc
+
+
+def read_head_files(directory: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor], Path]:
+    """(config dict, tensors, weights path) of a head directory, with one-line errors."""
+    cfg, weights = _config_and_weights(directory)
     try:
         if weights.name == LEGACY_WEIGHTS:  # tensors only: never unpickle code
             sd = torch.load(weights, map_location="cpu", weights_only=True)
         elif weights.name == INDEX:
-            shards = sorted(set(json.loads(weights.read_text())["weight_map"].values()))
             sd = {}
-            for shard in shards:
-                weights = directory / shard
-                sd.update(load_file(weights))
+            for shard in _shards(weights):
+                weights = shard
+                sd.update(load_file(shard))
         else:
             sd = load_file(weights)
+    except EagleError:
+        raise
     except Exception as exc:  # safetensors / torch raise their own error types for corrupt files
         raise EagleError(f"{weights} is not a readable weights file ({exc}); re-export the head") from exc
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise EagleError(f"{weights} holds no table of named tensors; re-export the head")
     return cfg, sd, weights
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors header, without reading the data."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise EagleError(f"{path} is not a readable weights file ({one_line(exc)}); re-export the head") from exc
+
+
+@dataclass(frozen=True)
+class HeadFiles:
+    """What a head directory holds, read without loading its tensors (`inspect_head`)."""
+
+    kind: str                           # "eagle1" | "eagle3"
+    config: dict                        # config.json
+    weights: Path                       # model.safetensors, the sharded index or pytorch_model.bin
+    shapes: dict[str, tuple[int, ...]]  # tensor name -> shape
+
+
+def inspect_head(directory: str | os.PathLike) -> HeadFiles:
+    """Check a head directory in a second, before a target is loaded: config.json readable and of
+    a known kind, the weights present with readable headers (safetensors) and shapes that agree
+    with config.json. What needs the target (its sizes, its layers) is checked by `load_head`."""
+    cfg, weights = _config_and_weights(directory)
+    kind = head_kind(cfg, str(directory))
+    if weights.name == LEGACY_WEIGHTS:  # a pickle has no header: its tensors are read (mapped when it is a zip)
+        try:
+            try:
+                sd = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # torch's pre-1.6 format cannot be mapped
+                sd = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise EagleError(f"{weights} is not a readable weights file ({one_line(exc)}); re-export the head") from exc
+        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise EagleError(f"{weights} holds no table of named tensors; re-export the head")
+        shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    elif weights.name == INDEX:
+        shapes = {}
+        for shard in _shards(weights):
+            if not shard.is_file():
+                raise EagleError(f"{shard} is missing (named in {weights.name}); copy the whole head directory")
+            shapes.update(_header_shapes(shard))
+    else:
+        shapes = _header_shapes(weights)
+    check_config_against_weights(cfg, kind, shapes, directory)
+    return HeadFiles(kind, cfg, weights, shapes)
+
+
+def _expected_shapes(cfg: dict, kind: str) -> list[tuple[str, int, str, int]]:
+    """(config field(s), the size config.json implies, tensor, dimension) for every size a head's
+    config.json states and its weights also carry; fields absent or not integers are skipped (the
+    kind's own loader reports those)."""
+    def num(key, default=None):
+        value = cfg.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    h, heads, inter = num("hidden_size"), num("num_attention_heads"), num("intermediate_size")
+    kv = num("num_key_value_heads") or heads
+    head_dim = num("head_dim") or (h // heads if h and heads else None)
+    layer = "layers.0." if kind == "eagle1" else "midlayer."
+    rows = [("hidden_size", h, "fc.weight", 0),
+            ("intermediate_size", inter, f"{layer}mlp.gate_proj.weight", 0),
+            ("intermediate_size", inter, f"{layer}mlp.down_proj.weight", 1),
+            ("num_attention_heads x head_dim", heads and head_dim and heads * head_dim, f"{layer}self_attn.q_proj.weight", 0),
+            ("num_key_value_heads x head_dim", kv and head_dim and kv * head_dim, f"{layer}self_attn.k_proj.weight", 0)]
+    if kind == "eagle1":
+        rows.append(("hidden_size x 2 (embedding ; feature)", h and 2 * h, "fc.weight", 1))
+    else:
+        eagle = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
+        fused = len(ids) if isinstance(ids, list) and ids else 3
+        target_h = num("target_hidden_size") or h
+        rows += [(f"target_hidden_size x {fused} fused layers", target_h and fused * target_h, "fc.weight", 1),
+                 ("draft_vocab_size", num("draft_vocab_size") or num("vocab_size"), "lm_head.weight", 0)]
+    return [row for row in rows if row[1]]
+
+
+def check_config_against_weights(cfg: dict, kind: str, shapes: dict[str, tuple[int, ...]],
+                                 directory: str | os.PathLike) -> None:
+    """Refuse a head whose config.json states a size its tensors do not have (an edited or
+    mismatched config.json would otherwise build a head the weights do not fill, or load silently)."""
+    for field, expected, tensor, dim in _expected_shapes(cfg, kind):
+        shape = shapes.get(tensor)
+        if shape is not None and len(shape) > dim and shape[dim] != expected:
+            raise EagleError(f"{Path(directory) / CONFIG}: {field} is {expected} but the weights have {shape[dim]} "
+                             f"({tensor} has shape {shape}): config.json and the weights disagree; fix config.json "
+                             "or re-export the head")
 
 
 def load_head(directory: str | os.PathLike, target_config):
@@ -105,7 +213,9 @@ def load_head(directory: str | os.PathLike, target_config):
 
     cfg, sd, _ = read_head_files(directory)
     source = str(directory)
-    if head_kind(cfg, source) == "eagle1":
+    kind = head_kind(cfg, source)
+    check_config_against_weights(cfg, kind, {k: tuple(v.shape) for k, v in sd.items()}, directory)
+    if kind == "eagle1":
         return EagleHead.from_files(cfg, sd, target_config, source)
     config = Eagle3Head.config_from_dict(cfg, target_config, source)
     config.check_target(target_config, source)

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import EagleError
+from ..errors import EagleError, one_line
 from ..files import atomic_path
 
 FILE = "draft_vocab.safetensors"
+TOKEN_IDS = "token_ids"
 DEFAULT_SIZE = 8192
 
 
@@ -35,8 +36,32 @@ def save_draft_vocab(head_dir: str | Path, counts: torch.Tensor) -> Path:
     order = torch.sort(counts, descending=True, stable=True).indices
     path = Path(head_dir) / FILE
     with atomic_path(path) as tmp:
-        save_file({"token_ids": order.contiguous(), "counts": counts.contiguous()}, tmp)
+        save_file({TOKEN_IDS: order.contiguous(), "counts": counts.contiguous()}, tmp)
     return path
+
+
+def _unreadable(path: Path, why: str) -> EagleError:
+    return EagleError(f"{path} {why}: rebuild it with `eaglespec tune --head {path.parent} --recount`, or delete it "
+                      "(the head then drafts over the full vocabulary)")
+
+
+def check_draft_vocab(head_dir: str | Path) -> None:
+    """Read only the header of a head's draft_vocab.safetensors (if it has one): a damaged file,
+    or one without `token_ids` [V], is refused before anything slow is loaded."""
+    from safetensors import safe_open
+
+    path = Path(head_dir) / FILE
+    if not path.is_file():
+        return
+    try:
+        with safe_open(path, "pt") as f:
+            shape = f.get_slice(TOKEN_IDS).get_shape() if TOKEN_IDS in f.keys() else None
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise _unreadable(path, f"is not a readable safetensors file ({one_line(exc)})") from exc
+    if shape is None:
+        raise _unreadable(path, f"has no {TOKEN_IDS!r} tensor")
+    if len(shape) != 1:
+        raise _unreadable(path, f"holds {TOKEN_IDS!r} of shape {tuple(shape)}, not a list of token ids")
 
 
 def load_draft_vocab(head_dir: str | Path, size: int | None, vocab_size: int) -> torch.Tensor | None:
@@ -47,7 +72,13 @@ def load_draft_vocab(head_dir: str | Path, size: int | None, vocab_size: int) ->
         return None
     if size < 1:
         raise EagleError(f"draft vocabulary size must be >= 1, got {size}")
-    ids = load_file(path)["token_ids"]
-    if ids.numel() != vocab_size or int(ids.max()) >= vocab_size:
+    check_draft_vocab(head_dir)
+    try:
+        ids = load_file(path)[TOKEN_IDS]
+    except Exception as exc:  # a header that reads but data cut short
+        raise _unreadable(path, f"is not a readable safetensors file ({one_line(exc)})") from exc
+    if ids.is_floating_point() or ids.is_complex():
+        raise _unreadable(path, f"holds {TOKEN_IDS!r} as {ids.dtype}, not integer token ids")
+    if ids.numel() != vocab_size or int(ids.max()) >= vocab_size or int(ids.min()) < 0:
         raise EagleError(f"{path} ranks {ids.numel()} tokens but the target has {vocab_size}: it belongs to another target")
     return None if size >= vocab_size else ids[:size].clone()

@@ -1,17 +1,20 @@
 """The FastAPI app: OpenAI routes over the engine's queue, OpenAI-style JSON errors everywhere.
 
 `create_app(generator, config)` builds it; tests pass a tiny in-process generator. One app per
-generator: the app's worker is the only code that runs it.
+generator: the app's worker is the only code that runs it. `server(app, ...)` wraps it in a
+uvicorn server whose shutdown is bounded (`drain`).
+
+Prompts are tokenized off the event loop (a long one must not stall other clients), after a check
+that refuses a text too long to fit whatever the tokenizer does (`prompts.max_token_bytes`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,11 +23,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SamplingParams
 from ..errors import EagleError
+from ..prompts import max_token_bytes
 from .config import ServeConfig
 from .engine import Delta, Done, Engine, Failed, Job, QueueFull, Started
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
+from .guard import Guard
+from .protocol import MIN_TEMPERATURE, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
 
-_POLL_S = 0.25  # how often a waiting non-streaming request checks that its client is still there
+_POLL_S = 0.25  # a request waiting for events checks at least this often that its client is still there
+_KEEP_ALIVE_S = 5  # uvicorn closes a keep-alive connection idle this long
+_FLUSH_S = 1.0  # after the drain, how long uvicorn may take to send the last responses
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class APIError(Exception):
@@ -42,9 +50,12 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
     model_name = config.model_name or generator.target.name
     if generator.target.tokenizer is None:
         raise EagleError("the server needs a target with a tokenizer")
-    engine = Engine(generator, config.max_queue)
+    engine = Engine(generator, config.max_queue, config.max_batch)
     context = generator.target.max_context
     max_prompt = min(config.max_prompt_tokens or context - 1, context - 1)
+    max_prompt_bytes = max_prompt * max_token_bytes(generator.target.tokenizer)
+    jobs: dict[int, Job] = {}  # submitted, not yet finished with: failed at shutdown
+    running: set[int] = set()  # those of them the worker has taken
 
     @asynccontextmanager
     async def lifespan(app):
@@ -53,7 +64,9 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="eaglespec", description="OpenAI-compatible server over EAGLE speculative decoding",
                   lifespan=lifespan)
+    app.add_middleware(Guard, config=config)
     app.state.engine, app.state.config, app.state.model_name = engine, config, model_name
+    app.state.jobs, app.state.draining = jobs, False
 
     # -- errors: OpenAI's JSON shape, 4xx for anything a client sent ----------------------------
     @app.exception_handler(APIError)
@@ -62,7 +75,7 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc: RequestValidationError):
-        err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        err = _most_specific(exc.errors()) or {"msg": "invalid request", "loc": ()}
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
             return APIError(400, f"the body is not valid JSON: {err.get('msg')}", code="invalid_json").response()
@@ -84,22 +97,12 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
     async def _internal_error(request, exc: Exception):
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if config.api_key is not None and request.url.path != "/health":
-            header = request.headers.get("authorization", "")
-            scheme, _, key = header.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), config.api_key.encode()):
-                return APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                code="invalid_api_key").response()
-        return await call_next(request)
-
     # -- routes ---------------------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        status = 200 if engine.alive else 503
-        return JSONResponse({"status": "ok" if engine.alive else "worker stopped", "model": model_name,
-                             "busy": engine.busy, "waiting": engine.waiting}, status_code=status)
+        status = "shutting down" if app.state.draining else "ok" if engine.alive else "worker stopped"
+        return JSONResponse({"status": status, "model": model_name, "busy": engine.busy, "waiting": engine.waiting},
+                            status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/models")
     async def models():
@@ -114,8 +117,9 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         _check_model(req.model, model_name)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        _check_size([m["content"] for m in messages], "messages")
         try:
-            ids = engine.encode(messages=messages)
+            ids = await asyncio.to_thread(engine.encode, messages=messages)
         except Exception as exc:  # a template that refuses these roles, for example
             raise APIError(400, f"messages could not be rendered with the chat template: {exc}", "messages") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -125,13 +129,22 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         _check_model(req.model, model_name)
-        if isinstance(req.prompt, str):
-            ids = engine.encode(prompt=req.prompt, chat_template=False)
+        if isinstance(req.prompt, str):  # plain text: special-token strings in it are not parsed
+            _check_size([req.prompt], "prompt")
+            ids = await asyncio.to_thread(engine.encode, prompt=req.prompt, chat_template=False)
         else:
             ids = list(req.prompt)
             if any(not 0 <= t < generator.target.vocab_size for t in ids):
                 raise APIError(400, f"prompt: token ids must be in [0, {generator.target.vocab_size})", "prompt")
         return await _complete(request, req, ids, req.max_tokens, "max_tokens", "prompt", chat=False)
+
+    def _check_size(texts: list[str], param: str) -> None:
+        """Refuse before tokenizing a text that cannot fit in max_prompt tokens, whatever the tokenizer."""
+        size = sum(len(t.encode()) for t in texts)
+        if size > max_prompt_bytes:
+            raise APIError(400, f"{param}: the prompt is {size} bytes of text, more than {max_prompt} tokens can hold; "
+                                f"this server accepts at most {max_prompt} tokens (model context {context})",
+                           param, "context_length_exceeded")
 
     async def _complete(request: Request, req, ids: list[int], max_tokens: int | None, max_param: str,
                         prompt_param: str, chat: bool):
@@ -148,24 +161,28 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
         elif n + max_tokens > context:
             raise APIError(400, f"{max_param}: the prompt ({n} tokens) plus {max_param} ({max_tokens}) exceeds the "
                                 f"model's context of {context} tokens", max_param, "context_length_exceeded")
+        temperature = req.temperature if req.temperature is not None else config.temperature
         try:
             sampling = SamplingParams(
-                req.temperature if req.temperature is not None else config.temperature,
+                0.0 if temperature < MIN_TEMPERATURE else temperature,  # logits / 1e-39 overflow: serve it greedy
                 req.top_p if req.top_p is not None else config.top_p,
                 req.top_k if req.top_k is not None else config.top_k, req.seed)
         except EagleError as exc:
             raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from exc
+        if app.state.draining:
+            raise APIError(503, SHUTTING_DOWN, code="shutting_down", type_="server_error")
         try:
             job = engine.submit(ids, max_tokens, sampling, req.stops())
         except QueueFull as exc:
             raise APIError(503, f"server busy: {exc}; retry later", code="queue_full", type_="server_error") from exc
+        jobs[id(job)] = job
         try:
             started = await _wait_start(request, job)
         except BaseException:
-            job.cancel()
+            _release(job)
             raise
         if started is None:
-            job.cancel()
+            _release(job)
             raise APIError(503, f"server busy: the request waited {config.queue_timeout:g} s for the model; retry later",
                            code="queue_timeout", type_="server_error")
         meta = {"id": new_id("chatcmpl" if chat else "cmpl"), "created": now(), "model": model_name,
@@ -177,44 +194,39 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                                      headers={"Cache-Control": "no-cache"})
         return await _collect(request, job, meta, n, chat, extra)
 
+    async def _next_event(request: Request, job: Job, timeout: float = _POLL_S):
+        """The job's next event, or None after `timeout` s. Raises a 499 once the client has gone,
+        checked on every call: a steady flow of events must not hide a disconnect."""
+        try:
+            event = await asyncio.wait_for(job.events.get(), timeout=timeout)
+        except asyncio.TimeoutError:
+            event = None
+        if await request.is_disconnected():
+            raise APIError(499, "client closed the request", code="client_closed")
+        return event
+
     async def _wait_start(request: Request, job: Job) -> Started | None:
-        """The Started event, or None after the queue timeout. A client that leaves while queued
-        cancels its job."""
+        """The Started event, or None after the queue timeout."""
         deadline = time.monotonic() + config.queue_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            try:
-                event = await asyncio.wait_for(job.events.get(), timeout=min(left, _POLL_S))
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel()
-                    raise APIError(499, "client closed the request", code="client_closed")
-                continue
+        while (left := deadline - time.monotonic()) > 0:
+            event = await _next_event(request, job, min(left, _POLL_S))
             if isinstance(event, Started):
+                running.add(id(job))
                 return event
             if isinstance(event, Failed):
-                raise APIError(500, event.message, type_="server_error")
+                raise _failure(event)
+        return None
 
     async def _collect(request: Request, job: Job, meta: dict, n: int, chat: bool, extra: dict):
         parts: list[str] = []
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(job.events.get(), timeout=_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        raise APIError(499, "client closed the request", code="client_closed")
-                    continue
+            while not isinstance(event := await _next_event(request, job), Done):
                 if isinstance(event, Delta):
                     parts.append(event.text)
                 elif isinstance(event, Failed):
-                    raise APIError(500, event.message, type_="server_error")
-                elif isinstance(event, Done):
-                    break
+                    raise _failure(event)
         finally:
-            job.cancel()  # no-op once done; frees the worker if we leave early
+            _release(job)  # frees the worker if we leave early
         text = "".join(parts)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                    "finish_reason": event.finish_reason} if chat else
@@ -241,7 +253,8 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                 if isinstance(event, Delta):
                     yield chunk(event.text)
                 elif isinstance(event, Failed):
-                    yield _event(error_body(event.message, "server_error"))
+                    err = _failure(event)
+                    yield _event(error_body(err.message, err.type, None, err.code))
                     break
                 elif isinstance(event, Done):
                     yield chunk(None, event.finish_reason, eaglespec={**event.stats, **extra})
@@ -250,9 +263,49 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                     break
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()  # the client went away mid-stream (or we are done): free the worker
+            _release(job)  # the client went away mid-stream (or we are done): free the worker
 
+    def _release(job: Job) -> None:
+        job.cancel()  # a no-op once the job is done
+        jobs.pop(id(job), None)
+        running.discard(id(job))
+
+    def _failure(event: Failed) -> APIError:
+        if app.state.draining:
+            return APIError(503, event.message, code="shutting_down", type_="server_error")
+        return APIError(500, event.message, type_="server_error")
+
+    async def drain(give_up: Callable[[], bool] = lambda: False) -> None:
+        """Shutdown: refuse new requests and fail the queued ones at once (a 503, or an error event
+        in a stream); give the running ones `shutdown_timeout` seconds, then fail them too."""
+        app.state.draining = True
+        deadline = time.monotonic() + config.shutdown_timeout
+        while True:
+            for key, job in list(jobs.items()):
+                if key not in running or time.monotonic() >= deadline or give_up():
+                    job.emit(Failed(SHUTTING_DOWN))
+                    _release(job)
+            if not jobs:
+                return
+            await asyncio.sleep(0.05)
+
+    app.state.drain = drain
     return app
+
+
+def server(app: FastAPI, **uvicorn_config):
+    """A uvicorn server for `app` (keyword arguments go to `uvicorn.Config`) whose shutdown is
+    bounded: `drain` first (at most `shutdown_timeout` s; a second Ctrl-C cuts it short), then
+    uvicorn closes the connections, waiting at most _FLUSH_S s more."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            await app.state.drain(lambda: self.force_exit)
+            await super().shutdown(sockets)
+
+    return _Server(uvicorn.Config(app, timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_FLUSH_S,
+                                  **uvicorn_config))
 
 
 def _event(obj: dict) -> str:
@@ -266,6 +319,15 @@ def _check_model(name: str | None, served: str) -> None:
 
 def _model_card(name: str, context: int) -> dict:
     return {"id": name, "object": "model", "created": 0, "owned_by": "eaglespec", "max_model_len": context}
+
+
+def _most_specific(errors: list[dict]) -> dict | None:
+    """Of pydantic's errors (one per union branch tried), the one most likely to help: our own
+    validators' messages first, then the deepest location."""
+    def depth(err: dict) -> int:
+        return sum(not _is_type_label(str(x)) for x in err.get("loc", ()))
+
+    return max(errors, key=lambda e: (e.get("type") == "value_error", depth(e)), default=None)
 
 
 def _is_type_label(part: str) -> bool:

@@ -16,7 +16,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     d = ServeConfig()
     p = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
                               description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, "
-                                          "/v1/models, /health. Requests are served one at a time, in order.")
+                                          "/v1/models, /health. Requests are decoded together (continuous batching, --max-batch), in arrival order.")
     add_model_args(p)
     add_sampling_args(p)  # here: defaults for the fields a request omits
     p.add_argument("--host", default=d.host, help=f"bind address (default {d.host}: this machine only)")
@@ -29,6 +29,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--queue-timeout", type=float, default=d.queue_timeout,
                    help=f"seconds a request may wait for the model before a 503 (default {d.queue_timeout:g})")
     p.add_argument("--max-queue", type=int, default=d.max_queue, help=f"waiting requests beyond this get a 503 (default {d.max_queue})")
+    p.add_argument("--max-batch", type=int, default=d.max_batch,
+                   help=f"requests decoded together; new ones join the running batch at its next step (default {d.max_batch})")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"a request body beyond this gets a 413 (default {d.max_body_bytes})")
+    p.add_argument("--read-timeout", type=float, default=d.read_timeout,
+                   help=f"seconds a client may take to send a request body before a 408 (default {d.read_timeout:g})")
+    p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help=f"on shutdown, seconds running requests may take to finish before they fail (default {d.shutdown_timeout:g})")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="HOST",
+                   help="a Host header name the server answers (repeatable; '*' = any). Default: localhost, "
+                        "127.0.0.1 and ::1 when bound to loopback, any host otherwise")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
     return p
@@ -41,11 +52,28 @@ def config_from_args(args) -> "ServeConfig":
     SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading
     return ServeConfig(
         host=args.host, port=args.port, model_name=args.model_name,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=_api_key(args.api_key),
         max_tokens=args.max_tokens_limit, default_max_tokens=min(args.max_new_tokens, args.max_tokens_limit),
         max_prompt_tokens=args.max_prompt_tokens, queue_timeout=args.queue_timeout, max_queue=args.max_queue,
+        max_batch=args.max_batch,
+        max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout, shutdown_timeout=args.shutdown_timeout,
+        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
     )
+
+
+def _api_key(flag: str | None) -> str | None:
+    """--api-key, else $EAGLESPEC_API_KEY, else None. An empty one is refused, not read as "no key":
+    `--api-key "$KEY"` with KEY unset must not start a server without authentication."""
+    from ..errors import EagleError
+
+    if flag is not None:
+        key, source, fix = flag, "--api-key", "leave --api-key out"
+    else:
+        key, source, fix = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}", f"unset {API_KEY_ENV}"
+    if key is not None and not key.strip():
+        raise EagleError(f"{source} is empty (an unset shell variable?): give a key, or {fix} to serve without one")
+    return key
 
 
 def cmd_serve(args) -> int:
@@ -54,16 +82,16 @@ def cmd_serve(args) -> int:
 
     config = config_from_args(args)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (here for the message below; `server` uses it)
 
-        from .app import create_app
+        from .app import create_app, server
     except ImportError as exc:
         raise EagleError(f"serving needs fastapi and uvicorn: pip install 'eaglespec[serve]' ({exc})") from exc
     if args.seed is not None:
         print("note: --seed is ignored by serve; requests pass their own seed", file=sys.stderr)
-    gen = load_generator(args)
+    gen = load_generator(args, max_batch=config.max_batch)
     app = create_app(gen, config)
     auth = "API key required" if config.api_key else "no API key"
     print(f"eaglespec: serving {app.state.model_name!r} on http://{config.host}:{config.port}/v1 ({auth})", file=sys.stderr)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    server(app, host=config.host, port=config.port, log_level=args.log_level).run()
     return 0

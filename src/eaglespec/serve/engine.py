@@ -1,8 +1,8 @@
-"""The request queue and the one worker thread that runs the generator (batch size 1).
+"""The request queue and the one worker thread that runs the generator, batching continuously.
 
-Each job carries a cancel flag, checked between decoding steps: a client that goes away frees the
-worker at the next step, and a job cancelled while still queued is skipped. Events go back to the
-job's asyncio loop thread-safely.
+Each job carries a cancel flag, checked between decoding steps: a client that goes away frees its
+place in the batch at the next step, and a job cancelled while still queued is skipped. Events go
+back to the job's asyncio loop thread-safely.
 """
 
 from __future__ import annotations
@@ -66,14 +66,22 @@ class Job:
 
 
 class Engine:
-    """Owns the generator's time: one job at a time, in arrival order."""
+    """Owns the generator's time: continuous batching over one worker thread.
 
-    def __init__(self, generator, max_queue: int = 64):
+    Jobs join the running batch at the next step (up to max_batch sequences, in arrival order;
+    the rest wait in the queue), each step drafts and verifies every sequence in the batch at
+    once, a job's text goes out as its steps finish, and a job leaves the batch when it is done
+    or its client has gone (the cancel flag is read before every step)."""
+
+    def __init__(self, generator, max_queue: int = 64, max_batch: int = 1):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.generator = generator
         self.max_queue = max_queue
+        self.max_batch = max_batch
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
-        self.busy = False
         self.speculative = generator.drafter is not None or (generator.head is not None and generator.tree is not None)
+        self.running = 0  # sequences in the batch
         self._queue: queue.Queue = queue.Queue()
         self._waiting = 0
         self._count_lock = threading.Lock()
@@ -95,6 +103,10 @@ class Engine:
         return self._waiting
 
     @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -111,47 +123,90 @@ class Engine:
 
     # -- the worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        batch = self.generator.new_batch()
+        active: dict = {}  # Sequence -> _Running: the jobs in the batch
         while True:
-            job = self._queue.get()
-            if job is None:
+            if not self._admit(batch, active):
                 return
+            cancelled = [seq for seq, r in active.items() if r.job.cancelled.is_set()]
+            for seq in cancelled:
+                active.pop(seq).finish("cancelled")
+            batch.remove(cancelled)
+            self.running = len(batch)
+            if not len(batch):
+                continue
+            try:
+                outputs = batch.step()
+            except Exception as exc:  # an engine error fails the batch's requests, never the worker
+                for r in active.values():
+                    r.job.emit(Failed(f"{type(exc).__name__}: {exc}"))
+                active.clear()
+                batch = self.generator.new_batch()
+                self.running = 0
+                continue
+            for seq, out in outputs:
+                reason = active[seq].take(out)
+                if reason is not None:
+                    active.pop(seq).finish(reason)
+                    batch.remove([seq])  # a stop string ends it early; a finished sequence has left already
+            self.running = len(batch)
+
+    def _admit(self, batch, active: dict) -> bool:
+        """Take waiting jobs into the batch (blocking while it is empty); False at close."""
+        while len(batch) < self.max_batch:
+            try:
+                job = self._queue.get(block=not len(batch))
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
             with self._count_lock:
                 self._waiting -= 1
             if job.cancelled.is_set():
                 continue
-            self.busy = True
+            job.emit(Started(time.perf_counter() - job.submitted))
+            r = _Running(job, TextStream(self.decode, job.stop), self.decode, self.speculative)
             try:
-                self._serve(job)
-            except Exception as exc:  # an engine error must fail the request, never the worker
+                seq, first = batch.add(job.input_ids, job.max_tokens, job.sampling, self.generator.eos_token_ids())
+            except Exception as exc:
                 job.emit(Failed(f"{type(exc).__name__}: {exc}"))
-            finally:
-                self.busy = False
+                continue
+            reason = r.take(first)
+            if reason is not None:
+                r.finish(reason)
+                batch.remove([seq])
+            else:
+                active[seq] = r
+            self.running = len(batch)
+        return True
 
-    def _serve(self, job: Job) -> None:
-        job.emit(Started(time.perf_counter() - job.submitted))
-        text = TextStream(self.decode, job.stop)
-        result = GenerationResult(prompt_tokens=len(job.input_ids))
-        start = time.perf_counter()
-        steps = self.generator.stream(job.input_ids, job.max_tokens, job.sampling)
-        try:
-            for step in steps:
-                if job.cancelled.is_set():
-                    result.finish_reason = "cancelled"
-                    break
-                result.add(step)
-                delta = text.push(step.tokens)
-                if delta:
-                    job.emit(Delta(delta))
-                if text.stopped:
-                    result.finish_reason = "stop"
-                    break
-        finally:
-            steps.close()
-        if result.finish_reason != "cancelled":
-            rest = text.flush()
+
+class _Running:
+    """A job in the batch: its text so far and its statistics."""
+
+    def __init__(self, job: Job, text: TextStream, decode, speculative: bool):
+        self.job, self.text, self.decode, self.speculative = job, text, decode, speculative
+        self.result = GenerationResult(prompt_tokens=len(job.input_ids))
+        self.start = time.perf_counter()
+
+    def take(self, out) -> str | None:
+        """One step's tokens -> a text delta. Returns the finish reason once the job is done."""
+        self.result.add(out)
+        delta = self.text.push(out.tokens)
+        if delta:
+            self.job.emit(Delta(delta))
+        if self.text.stopped:
+            return "stop"
+        return out.finish_reason
+
+    def finish(self, reason: str) -> None:
+        result = self.result
+        result.finish_reason = reason
+        if reason != "cancelled":
+            rest = self.text.flush()
             if rest:
-                job.emit(Delta(rest))
-        result.elapsed = time.perf_counter() - start
+                self.job.emit(Delta(rest))
+        result.elapsed = time.perf_counter() - self.start
         stats = {
             "target_forwards": result.target_forwards,
             "tau": round(result.tau, 4),
@@ -161,4 +216,4 @@ class Engine:
             "elapsed_s": round(result.elapsed, 4),
             "tokens_per_second": round(result.tokens_per_second, 2),
         }
-        job.emit(Done(result.finish_reason, len(result.token_ids), stats))
+        self.job.emit(Done(reason, len(result.token_ids), stats))

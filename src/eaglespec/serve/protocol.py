@@ -1,27 +1,43 @@
 """OpenAI request and response shapes (the subset served), as pydantic models, and the
-OpenAI-style error body. Fields OpenAI defines but this server does not use are ignored;
-fields it cannot honour (n > 1) are refused."""
+OpenAI-style error body. Fields OpenAI defines but this server does not use are ignored; fields it
+cannot honour (n > 1, logprobs, tools, a JSON response format, ...) are refused unless they carry
+their no-op value. Every string must be valid Unicode (JSON lets a lone surrogate through)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
+                      field_validator)
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+SEED_RANGE = (-2**63, 2**64)  # what torch.Generator.manual_seed accepts (a negative seed wraps around)
+MIN_TEMPERATURE = 1e-5  # below this, logits / temperature overflow float32: such a request is served greedy
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[ContentPart]
-    name: StrictStr | None = None
+    content: Text | list[ContentPart]
+    name: Text | None = None
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -34,16 +50,27 @@ class StreamOptions(BaseModel):
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: StrictStr | None = None
+    model: Text | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     top_k: StrictInt | None = Field(default=None, ge=0)  # not OpenAI's; vLLM and others accept it
     seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stream: StrictBool = False
+    stop: Text | list[Text] | None = None
+    stream: StrictBool | None = None  # null = false, as OpenAI
     stream_options: StreamOptions | None = None
-    n: StrictInt = Field(default=1, ge=1, le=1)
+    n: StrictInt | None = Field(default=None, ge=1, le=1)  # null = 1
+    logit_bias: Any = None
+
+    # fields this server cannot honour -> the values that ask for nothing, the only ones accepted
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {"logit_bias": (None, {})}
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v):
+        if v is not None and not SEED_RANGE[0] <= v < SEED_RANGE[1]:
+            raise ValueError("must be an integer in [-2**63, 2**64)")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -53,6 +80,15 @@ class _Request(BaseModel):
             raise ValueError(f"at most {MAX_STOP} stop sequences")
         return [s for s in stops if s]
 
+    @field_validator("*")
+    @classmethod
+    def _unsupported(cls, v, info: ValidationInfo):
+        noops = cls.UNSUPPORTED.get(info.field_name)
+        if noops is not None and not any(type(v) is type(x) and v == x for x in noops):
+            allowed = " or ".join(json.dumps(x) for x in noops)
+            raise ValueError(f"not supported by this server: omit it or send {allowed}")
+        return v
+
     def stops(self) -> list[str]:
         return self.stop or []
 
@@ -60,11 +96,29 @@ class _Request(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # the newer name for max_tokens
+    logprobs: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None      # the deprecated form of tools
+    function_call: Any = None
+    response_format: Any = None
+
+    UNSUPPORTED = {**_Request.UNSUPPORTED, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+                   "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+                   "response_format": (None, {"type": "text"})}
 
 
 class CompletionRequest(_Request):
     # a string, a list of token ids, or a one-element list of either (one prompt per request)
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
+    logprobs: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+
+    UNSUPPORTED = {**_Request.UNSUPPORTED, "logprobs": (None,), "echo": (None, False), "best_of": (None, 1),
+                   "suffix": (None, "")}
 
     @field_validator("prompt")
     @classmethod

@@ -1,0 +1,236 @@
+"""Sequences that decode together: the one generation loop, for a batch of one or many.
+
+Each step: the drafter grows one tree per sequence in a single drafting pass (one head forward
+per depth for the whole batch), the target verifies every tree in one forward (trees padded to
+the largest, each row masked to its own cache entries and its own tree), each sequence accepts
+its own number of tokens, and only the accepted paths' KV entries and states are kept. Without a
+drafter every tree is the root alone: vanilla decoding, batched the same way.
+
+A sequence joins with its own prefill (batch of one) and its cache rows are appended to the
+batch's; it leaves by having its rows selected away. This is what the server's continuous
+batching runs on: sequences join and leave between steps.
+
+Losslessness per sequence: a row's queries see exactly its own past and tree, at its own
+positions, so its logits are those of the sequence decoded alone up to floating-point rounding
+(the batch changes the shapes of the matrix products and the length of the masked key axis);
+greedy outputs are therefore identical except at a near-tie of the top-2 logits, which the tests
+and `eaglespec certify` measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .config import SamplingParams
+from .draft.drafter import Drafter, DraftTree
+from .errors import EagleError
+from .kv_cache import RowCache
+from .sampling import logits_to_probs, sample
+from .target import TargetModel
+from .tree import buffers_from_parents
+from .verify import Acceptance, verify_greedy, verify_sampling
+
+_ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
+
+
+@dataclass(frozen=True)
+class StepStats:
+    accepted: int    # draft tokens the target accepted this step (0 for vanilla)
+    emitted: int     # tokens this step added to the output (accepted + 1, cut at a stop)
+    tree_size: int   # tokens the target verified (root included)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    tokens: list[int]  # the new tokens, in order
+    stats: StepStats
+    finish_reason: str | None = None  # on the stream's last output: "stop" (a stop token) or "length"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence's decoding state inside a batch (the batch owns it; callers hold it as a handle)."""
+
+    prompt_tokens: int
+    budget: int                    # tokens it may still produce in all (max_new_tokens cut to the context)
+    sampling: SamplingParams
+    generator: torch.Generator
+    stops: set[int]
+    root: int                      # the last token chosen by the target, not yet run by it
+    pending_tokens: torch.Tensor   # [P] x[t+1] of the real pairs the head has not seen
+    pending_hidden: torch.Tensor   # [P, k*H] the head's input for each of them
+    produced: int = 1
+    finish_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Batch:
+    """Owns the target cache rows and the head state of the sequences decoding together."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None,
+                 choose: Callable[[int], Drafter | None] | None = None):
+        """drafter: grows every step's trees (None: vanilla). choose: picks, for each step, the
+        drafter (over the same head, any tree) or None (no drafts) from the number of sequences in
+        the step, as `--tree auto` does when a larger batch makes drafting pay less."""
+        self.target = target
+        self.drafter = drafter
+        self.choose = choose or (lambda size: drafter)
+        self.layers = drafter.hidden_layers if drafter else None
+        self.sequences: list[Sequence] = []
+        self._rows: RowCache | None = None       # the target's KV cache, one row per sequence
+        self._draft = drafter.new_state(0) if drafter else None
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    # -- joining and leaving ------------------------------------------------------------------
+    @torch.no_grad()
+    def add(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+            stops: set[int] = frozenset()) -> tuple[Sequence, StepOutput]:
+        """Prefill a prompt alone, choose its first token and join the batch. Returns the handle
+        and that first output (already finished when it is a stop or the budget is one token)."""
+        target = self.target
+        if max_new_tokens <= 0:
+            raise EagleError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if not input_ids:
+            raise EagleError("the prompt is empty")
+        if min(input_ids) < 0 or max(input_ids) >= target.vocab_size:
+            raise EagleError(f"prompt token ids must be in [0, {target.vocab_size}), got {min(input_ids)}..{max(input_ids)}")
+        n = len(input_ids)
+        if n >= target.max_context:
+            raise EagleError(f"the prompt has {n} tokens, the model's context is {target.max_context}: shorten the prompt")
+        generator = torch.Generator(device=target.device)
+        if sampling.seed is not None:
+            generator.manual_seed(sampling.seed)
+        else:
+            generator.seed()
+        ids = torch.tensor(input_ids, device=target.device)
+        cache = target.new_cache()
+        states = target.forward_states(ids[None], cache, layers=self.layers)
+        root = _choose(target.logits(states.features[0, -1:]), sampling, generator)
+        seq = Sequence(n, min(max_new_tokens, target.max_context - n), sampling, generator, set(stops), root,
+                       torch.cat([ids[1:], torch.tensor([root], device=target.device)]), states.hidden[0])
+        seq.finish_reason = "stop" if root in seq.stops else "length" if seq.produced >= seq.budget else None
+        first = StepOutput([root], StepStats(0, 1, n), seq.finish_reason)
+        if seq.done:
+            return seq, first
+        rows = RowCache(cache, [n])
+        if self.drafter is not None:
+            # the prompt's pairs go into a one-row head state now; only the root's pair stays pending
+            state = self.drafter.new_state(1)
+            self.drafter.absorb(state, seq.pending_tokens[:-1], seq.pending_hidden[:-1])
+            seq.pending_tokens, seq.pending_hidden = seq.pending_tokens[-1:], seq.pending_hidden[-1:]
+            self._draft.extend(state)
+        if self._rows is None:
+            self._rows = rows
+        else:
+            self._rows.extend(rows)
+        self.sequences.append(seq)
+        return seq, first
+
+    def remove(self, leaving: list[Sequence]) -> None:
+        """Drop sequences (finished, cancelled) and their cache rows."""
+        gone = {id(s) for s in leaving}
+        keep = [r for r, s in enumerate(self.sequences) if id(s) not in gone]
+        if len(keep) == len(self.sequences):
+            return
+        self.sequences = [self.sequences[r] for r in keep]
+        if not keep:  # start the next sequence from fresh caches
+            self._rows = None
+            self._draft = self.drafter.new_state(0) if self.drafter else None
+            return
+        self._rows.select(keep)
+        if self._draft is not None:
+            self._draft.select(keep)
+
+    # -- one step -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, observe: Callable[[DraftTree, torch.Tensor, Acceptance], None] | None = None
+             ) -> list[tuple[Sequence, StepOutput]]:
+        """Draft, verify and accept for every sequence; finished ones leave the batch.
+        observe(tree, target_logits [N, V], acceptance) sees every row's verification."""
+        if not self.sequences:
+            return []
+        target, seqs, rows = self.target, self.sequences, self._rows
+        drafter = self.choose(len(seqs)) if self.drafter is not None else None
+        trees = self._draft_trees(drafter)
+        sizes = [t.tokens.numel() for t in trees]
+        width = max(sizes)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=target.device)
+        tree_mask = torch.eye(width, dtype=torch.bool).repeat(len(seqs), 1, 1)  # padding nodes see themselves
+        depth = torch.zeros(len(seqs), width, dtype=torch.long)
+        for r, (t, size) in enumerate(zip(trees, sizes)):
+            tokens[r, :size] = t.tokens
+            tree_mask[r, :size, :size] = t.buffers.tree_mask.cpu()
+            depth[r, :size] = t.buffers.tree_position_ids.cpu()
+        start = rows.length
+        states = target.forward_rows(tokens, rows, tree_mask, depth, self.layers)
+        # the LM head only for real nodes: it is a large share of a small model's forward
+        flat = torch.cat([states.features[r, :size] for r, size in enumerate(sizes)])
+        all_logits = target.logits(flat).split(sizes)
+        outputs, paths = [], []
+        for r, (seq, tree, logits) in enumerate(zip(seqs, trees, all_logits)):
+            acc = _verify(tree, logits, seq.sampling, seq.generator)
+            if observe is not None:
+                observe(tree, logits, acc)
+            path = acc.path.to(target.device)
+            paths.append(path)
+            new = acc.accepted_tokens.tolist() + [acc.next_token]
+            emit = []
+            for t in new:
+                emit.append(t)
+                if t in seq.stops or seq.produced + len(emit) >= seq.budget:
+                    break
+            seq.produced += len(emit)
+            seq.finish_reason = "stop" if emit[-1] in seq.stops else "length" if seq.produced >= seq.budget else None
+            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r]), seq.finish_reason)))
+            new_tokens, new_hidden = torch.tensor(new, device=target.device), states.hidden[r][path]
+            if drafter is None:  # the head has not seen the pending pairs: they wait for its next draft
+                new_tokens = torch.cat([seq.pending_tokens, new_tokens])
+                new_hidden = torch.cat([seq.pending_hidden, new_hidden])
+            seq.pending_tokens, seq.pending_hidden = new_tokens, new_hidden
+            seq.root = acc.next_token
+        rows.keep_paths(start, paths)
+        self.remove([s for s in seqs if s.done])
+        return outputs
+
+    def _draft_trees(self, drafter: Drafter | None) -> list[DraftTree]:
+        """One drafting pass for all rows; a row too close to its end (no room in the context for a
+        tree, or one token left) verifies its root alone: its draft is computed and dropped, which
+        keeps the head's cache in step with the others."""
+        seqs = self.sequences
+        root_only = [DraftTree(torch.tensor([s.root], device=self.target.device), _ROOT_ONLY) for s in seqs]
+        if drafter is None:
+            return root_only
+        trees = drafter.draft_rows(self._draft, [s.pending_tokens for s in seqs],
+                                   [s.pending_hidden for s in seqs], [s.root for s in seqs])
+        room = self.target.max_context - drafter.max_nodes
+        lens = self._rows.lens.tolist()
+        return [tree if lens[r] <= room and s.produced + 1 < s.budget else root_only[r]
+                for r, (s, tree) in enumerate(zip(seqs, trees))]
+
+
+def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """The token after the prompt, from the target alone. logits: [1, V]."""
+    if sampling.greedy:
+        return int(logits[0].argmax())
+    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return int(sample(probs, generator)[0])
+
+
+def _verify(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> Acceptance:
+    """logits: [N, V] the target's at each node of the tree."""
+    b = tree.buffers
+    if sampling.greedy:
+        return verify_greedy(tree.tokens, logits, b.retrieve_indices.to(logits.device))
+
+    def probs_at(node: int) -> torch.Tensor:
+        return logits_to_probs(logits[node], sampling.temperature, sampling.top_k, sampling.top_p)
+
+    return verify_sampling(tree.tokens, probs_at, b.parents, generator)

@@ -1,0 +1,195 @@
+"""Bad inputs end in one line naming the file and the fix, never in a traceback, and the head's
+own files are checked before the target loads (minutes on a busy machine)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_config
+from safetensors.torch import save_file
+
+from eaglespec import decoding
+from eaglespec.cli import main
+from eaglespec.decoding import EagleGenerator
+from eaglespec.draft.head import EagleHead
+from eaglespec.draft.vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
+from eaglespec.errors import EagleError
+from eaglespec.target import check_device, load_target, resolve_target
+from eaglespec.tuning import AcceptanceStats
+
+VOCAB = 128
+
+
+@pytest.fixture
+def head_dir(tmp_path):
+    """A complete EAGLE-1 head for the tiny llama: config.json, weights, draft vocabulary, acceptance."""
+    directory = tmp_path / "head"
+    EagleHead(tiny_config("llama")).save_pretrained(directory)
+    save_draft_vocab(directory, torch.arange(VOCAB).flip(0))
+    AcceptanceStats(((0.5, 0.1),), steps=3).save(directory)
+    return directory
+
+
+def _damage(head_dir, case: str) -> str:
+    """Damage one file of a head; -> the file's name (the message must name it)."""
+    if case == "vocab_garbage":
+        (head_dir / "draft_vocab.safetensors").write_bytes(b"\x00garbage")
+        return "draft_vocab.safetensors"
+    if case == "vocab_without_ids":
+        save_file({"counts": torch.arange(VOCAB)}, head_dir / "draft_vocab.safetensors")
+        return "draft_vocab.safetensors"
+    if case == "acceptance_truncated":
+        (head_dir / "acceptance.json").write_text('{"p": [[0.5, 0.1], [0.2')
+        return "acceptance.json"
+    if case == "acceptance_empty":
+        (head_dir / "acceptance.json").write_text("")
+        return "acceptance.json"
+    if case == "config_mismatch":
+        cfg = json.loads((head_dir / "config.json").read_text())
+        cfg["intermediate_size"] = 100
+        (head_dir / "config.json").write_text(json.dumps(cfg))
+        return "config.json"
+    if case == "weights_missing":
+        (head_dir / "model.safetensors").unlink()
+        return "model.safetensors"
+    raise AssertionError(case)
+
+
+CASES = ["vocab_garbage", "vocab_without_ids", "acceptance_truncated", "acceptance_empty", "config_mismatch",
+         "weights_missing"]
+
+
+# ---- the readers --------------------------------------------------------------------------------
+@pytest.mark.parametrize("case, message", [
+    ("vocab_garbage", "is not a readable safetensors file"),
+    ("vocab_without_ids", "has no 'token_ids' tensor"),
+])
+def test_a_damaged_draft_vocabulary_is_one_line_naming_the_fix(head_dir, case, message):
+    _damage(head_dir, case)
+    for read in (lambda: check_draft_vocab(head_dir), lambda: load_draft_vocab(head_dir, 64, VOCAB)):
+        with pytest.raises(EagleError, match=message) as info:
+            read()
+        text = str(info.value)
+        assert "\n" not in text and str(head_dir / "draft_vocab.safetensors") in text and "--recount" in text
+    assert load_draft_vocab(head_dir, None, VOCAB) is None  # not asked for: not read
+
+
+@pytest.mark.parametrize("tensors, message", [
+    ({"token_ids": torch.zeros(4, 32, dtype=torch.long)}, "of shape"),
+    ({"token_ids": torch.rand(VOCAB)}, "not integer token ids"),
+    ({"token_ids": torch.arange(VOCAB) + 5}, "belongs to another target"),
+])
+def test_a_draft_vocabulary_of_the_wrong_form_is_refused(tmp_path, tensors, message):
+    save_file(tensors, tmp_path / "draft_vocab.safetensors")
+    with pytest.raises(EagleError, match=message):
+        load_draft_vocab(tmp_path, 64, VOCAB)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"version: 1\nthis is a text file\n", "does not start with the GGUF magic bytes"),
+])
+def test_a_file_named_gguf_that_is_not_one_is_refused_before_transformers(tmp_path, content, message):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    with pytest.raises(EagleError, match=message) as info:
+        resolve_target(str(path))
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_truncated_gguf_is_one_line(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF\x03\x00\x00\x00cut")  # the magic, then a download cut short
+    with pytest.raises(EagleError, match="is not a readable GGUF file") as info:
+        load_target(str(path), check=False)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("banana", "is not a device"),
+    ("xla", "runs on cpu, cuda"),
+    pytest.param("cuda", "sees no CUDA device", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+    pytest.param("cuda:0", "sees no CUDA device", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+])
+def test_a_device_this_machine_lacks_is_one_line(name, message):
+    with pytest.raises(EagleError, match=message) as info:
+        check_device(name)
+    assert "\n" not in str(info.value) and "--device cpu" in str(info.value)
+    assert check_device("cpu") == torch.device("cpu")
+
+
+# ---- from_pretrained checks the head before the target ----------------------------------------
+@pytest.fixture
+def no_target(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the target was loaded before the head's files were checked")
+
+    monkeypatch.setattr(decoding, "load_target", fail)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_head_files_are_checked_before_the_target_loads(head_dir, no_target, case):
+    name = _damage(head_dir, case)
+    with pytest.raises(EagleError, match=name) as info:
+        EagleGenerator.from_pretrained(None, str(head_dir), "auto")
+    assert "\n" not in str(info.value)
+
+
+def test_acceptance_is_read_only_for_the_auto_tree(head_dir, no_target):
+    _damage(head_dir, "acceptance_empty")
+    with pytest.raises(AssertionError, match="target was loaded"):  # the head passed: the target is next
+        EagleGenerator.from_pretrained(None, str(head_dir), "eagle1")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(device="banana"), "not a device"),
+    (dict(tree="dynamic:4,4"), "three numbers"),
+])
+def test_options_are_checked_before_the_target_loads(head_dir, no_target, kwargs, message):
+    with pytest.raises(EagleError, match=message):
+        EagleGenerator.from_pretrained(None, str(head_dir), **{"tree": "auto", **kwargs})
+
+
+# ---- the command line: exit 2, one line on stderr --------------------------------------------
+def _one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("eaglespec: error: ") and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
+def test_the_cli_says_which_head_file_is_bad(head_dir, no_target, capsys, case, command):
+    name = _damage(head_dir, case)
+    assert name in _one_line_error(capsys, [command, "--head", str(head_dir)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--tree", "dynamic:4,4"], "dynamic:4,4,12"),
+    (["generate", "--device", "banana"], "not a device"),
+    pytest.param(["generate", "--device", "cuda"], "sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+    pytest.param(["tune", "--head", "HEAD", "--device", "cuda"], "sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+    pytest.param(["capture", "--out", "OUT", "--device", "cuda"], "sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+])
+def test_the_cli_refuses_bad_options_in_one_line(head_dir, no_target, tmp_path, capsys, argv, message):
+    argv = [str(head_dir) if a == "HEAD" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert message in _one_line_error(capsys, argv)
+
+
+def test_the_cli_refuses_a_text_file_named_gguf_without_a_traceback(tmp_path):
+    """The real entry point, in its own process: what a user sees."""
+    path = tmp_path / "model.gguf"
+    path.write_text("not a model\n")
+    proc = subprocess.run([sys.executable, "-m", "eaglespec.cli", "generate", "--target", str(path), "--head", "none"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert str(path) in err and "not a GGUF file" in err
