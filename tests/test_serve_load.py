@@ -82,3 +82,4 @@ def test_32_concurrent_requests():
         path, body, _ = request(1)
         assert alone[1][1] == gen.generate(messages=body["messages"], max_new_tokens=body["max_tokens"]).text
         assert app.state.engine.waiting == 0 and not app.state.engine.busy
+

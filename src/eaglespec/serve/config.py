@@ -21,7 +21,7 @@ class ServeConfig:
     max_prompt_tokens: int | None = None  # longest prompt accepted, in tokens; None = the model's context - 1
     queue_timeout: float = 30.0        # seconds a request may wait for the worker before it gets a 503
     max_queue: int = 64                # requests waiting beyond this get a 503 at once
-    max_batch: int = 8                 # sequences decoded together (continuous batching); see docs/serving.md
+    max_batch: int = 16                # sequences decoded together (continuous batching); see docs/serving.md
     max_body_bytes: int = 4 * 2**20    # a request body beyond this gets a 413 (checked while it is read)
     read_timeout: float = 30.0         # seconds a client may take to send a request body; then a 408
     shutdown_timeout: float = 5.0      # on shutdown, seconds running requests may take to finish; then they fail
