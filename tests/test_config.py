@@ -24,6 +24,31 @@ def test_a_partial_dynamic_tree_is_refused_with_the_three_number_form(text):
     assert "\n" not in str(info.value)
 
 
+def test_the_official_eagle2_spelling(capsys):
+    """The official EAGLE-2 (total_token T, depth D, top_k K) is our dynamic:K,D+1,T-1: its
+    total_token counts the root, its depth the levels after the first. The mapping is printed
+    once per spelling, however often the tree is parsed."""
+    import eaglespec.config as config
+
+    config._note_once.cache_clear()
+    assert parse_tree("eagle2:60,5,10") == DynamicTreeSpec(top_k=10, depth=6, total_tokens=59)
+    assert parse_tree("eagle2:60,5,10") == DynamicTreeSpec(10, 6, 59)
+    assert parse_tree("eagle2:13,3,4") == DynamicTreeSpec(4, 4, 12) == parse_tree("dynamic")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["[eaglespec] tree eagle2:60,5,10: official EAGLE-2 total_token=60, depth=5, top_k=10 is our "
+                   "dynamic:10,6,59",
+                   "[eaglespec] tree eagle2:13,3,4: official EAGLE-2 total_token=13, depth=3, top_k=4 is our "
+                   "dynamic:4,4,12"]
+
+
+@pytest.mark.parametrize("text, says", [("eagle2:60,5", "total_token,depth,top_k"), ("eagle2", "e.g. eagle2:60,5,10"),
+                                        ("eagle2:1,5,10", "total_token >= 2"), ("eagle2:a,5,10", "tree")])
+def test_bad_official_eagle2_spellings(text, says):
+    with pytest.raises(EagleError, match=says) as info:
+        parse_tree(text)
+    assert "\n" not in str(info.value)
+
+
 def test_tree_from_a_json_file(tmp_path):
     path = tmp_path / "tree.json"
     path.write_text(json.dumps([[0], [1], [0, 0], [0, 1]]))

@@ -28,7 +28,53 @@ def test_llama_head_has_the_published_eagle1_names(tmp_path):
     assert sd["fc.weight"].shape == (64, 128) and sd["fc.bias"].shape == (64,)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["num_hidden_layers"] == 1 and saved["hidden_size"] == 64 and saved["eaglespec"] == {"note": "x"}
-    assert saved["architectures"] == ["LlamaForCausalLM"] and saved["bias"] is True
+    assert saved["architectures"] == ["LlamaForCausalLM"] and saved["tie_word_embeddings"] is False
+    # with an fc bias, `bias` is left out: the official code reads a missing one as true, while vLLM and
+    # SGLang read `bias: true` as attention bias (docs/interop.md)
+    assert "bias" not in saved and saved["attention_bias"] is False
+
+
+def test_the_saved_config_has_nothing_a_reader_can_misread(tmp_path):
+    """The target's quantization_config (a GGUF target) would make vLLM and SGLang load the head
+    as a quantised model; rope_theta is read at the top level by the official code (10000
+    without it); a tied embedding makes SGLang use it as the head's LM head; no machine paths."""
+    cfg = tiny_config("llama")
+    cfg.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf", "dequantize": False}
+    cfg.tie_word_embeddings = True
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": 100000.0}
+    cfg._name_or_path = "/home/someone/models/x"
+    EagleHead(cfg).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "quantization_config" not in saved and "_name_or_path" not in saved
+    assert saved["rope_theta"] == 100000.0 and saved["rope_parameters"]["rope_theta"] == 100000.0
+    assert saved["rope_scaling"] is None and saved["tie_word_embeddings"] is False
+    assert saved["torch_dtype"] == saved["dtype"] == "float32"
+
+
+def test_a_head_without_fc_bias(tmp_path):
+    """--no-fc-bias (the LLaMA-3 releases, vLLM's EAGLE-1): no fc.bias tensor, `bias: false`, and it
+    loads back without one; an official head with `bias: false` loads (it used to be refused)."""
+    cfg = tiny_config("llama")
+    torch.manual_seed(0)
+    head = EagleHead(cfg, fc_bias=False)
+    head.save_pretrained(tmp_path)
+    assert set(load_file(tmp_path / "model.safetensors")) == EAGLE1_KEYS - {"fc.bias"}
+    assert json.loads((tmp_path / "config.json").read_text())["bias"] is False
+    again = EagleHead.from_pretrained(tmp_path, cfg)
+    assert again.fc.bias is None
+    embeds, feats = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
+    torch.testing.assert_close(head(embeds, feats), again(embeds, feats))
+
+
+def test_train_config_has_the_fc_bias_switch():
+    from eaglespec.train.config import TrainConfig, add_config_arguments, config_from_args
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, TrainConfig)
+    assert config_from_args(TrainConfig, parser.parse_args([])).fc_bias is True
+    assert config_from_args(TrainConfig, parser.parse_args(["--no-fc-bias"])).fc_bias is False
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -79,7 +125,7 @@ def test_head_for_another_target_is_refused(tmp_path):
     with pytest.raises(EagleError, match="shape"):
         EagleHead.from_pretrained(tmp_path, tiny_config("llama"))
     sd = load_file(tmp_path / "model.safetensors")
-    del sd["fc.bias"]
+    del sd["layers.0.mlp.up_proj.weight"]  # (fc.bias may be missing: heads without one load)
     save_file(sd, tmp_path / "model.safetensors")
     cfg["hidden_size"] = 32
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -22,6 +22,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the target's and head's dtype; auto (default): the fastest whose tree verification is "
+                        "exact on this machine (measured once, cached), float32 otherwise; the choice is printed")
+    p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
+                   help="int8: weight-only int8 target (the verifier is the quantized model; EAGLE equals its "
+                        "vanilla decoding); int8-dynamic is refused (not batch-invariant)")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="let --tree auto use tree sizes whose verification differs from one-token decoding by more "
+                        "than fp32 summation order: lossless up to floating-point rounding, as GPU engines")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +50,14 @@ def check_model_args(args) -> None:
     from .target import check_device
 
     check_device(args.device)
+    if args.dtype != "auto":
+        from .numerics import check_dtype_runs
+
+        check_dtype_runs(args.dtype, args.device)
+    if args.quantize == "int8-dynamic":
+        from .quant import quantize_target
+
+        quantize_target(None, args.quantize)  # refused, with the reason
     if args.tree != "auto":
         parse_tree(args.tree)
     from .draft.shipped import named_head_dir, shipped_names
@@ -57,11 +74,18 @@ def load_generator(args, max_batch: int = 1):
     check_model_args(args)
     head = None if args.head == "none" else args.head
     gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device, retune=args.retune,
-                                         max_batch=max_batch)
+                                         max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
+                                         allow_inexact=args.allow_inexact)
+    if gen.numerics_note:
+        print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)
     if gen.head_note:
         print(f"note: {gen.head_note}", file=sys.stderr)
     if gen.head is not None:
         where = f" from {gen.head_dir}" if gen.head_dir is not None else ""
+        if gen.head_dir is not None:
+            from .interop.formats import detect_format
+
+            where += f" (format: {detect_format(gen.head_dir)})"
         print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
     if gen.tuned is not None:
         print(gen.tuned.describe(), file=sys.stderr)
@@ -191,9 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tune)
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
-    from . import chat
+    from . import certify, chat
     from .bench import batching as bench_batch
     from .bench import cli as bench_cli
+    from .interop import cli as interop_cli
     from .serve import cli as serve_cli
     from .train import cli as train_cli
 
@@ -204,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_batch.register(sub)
     serve_cli.register(sub)
     chat.register(sub)
+    certify.register(sub)
+    interop_cli.register(sub)
 
     return parser
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from dataclasses import dataclass
 
 from .errors import EagleError
@@ -54,11 +56,30 @@ class DynamicTreeSpec:
 
 
 TREE_HELP = ("eagle1 (EAGLE-1's 25-node tree), chain:N (N draft tokens in a row), dynamic[:K,D,N] (EAGLE-2, top-k K, "
-             "depth D, N nodes), FILE.json (a list of paths such as [[0], [1], [0, 0]]), none (vanilla)")
+             "depth D, N nodes), eagle2:T,D,K (the official EAGLE-2 settings total_token, depth, top_k = "
+             "dynamic:K,D+1,T-1), FILE.json (a list of paths such as [[0], [1], [0, 0]]), none (vanilla)")
+
+
+def official_eagle2(total_token: int, depth: int, top_k: int) -> DynamicTreeSpec:
+    """The official EAGLE-2 code's (total_token T, depth D, top_k K) as our tree: its total_token
+    counts the root (the last accepted token), ours only draft nodes; its depth counts the levels
+    grown after the first (its first draft forward already yields the root's top_k children),
+    ours every level below the root. Checked step by step against the official code (issue #11):
+    the same accept lengths at every verification step."""
+    if total_token < 2 or depth < 0 or top_k < 1:
+        raise EagleError(f"eagle2:{total_token},{depth},{top_k}: the official EAGLE-2 settings need total_token >= 2, "
+                         "depth >= 0 and top_k >= 1")
+    return DynamicTreeSpec(top_k=top_k, depth=depth + 1, total_tokens=total_token - 1)
+
+
+@functools.cache
+def _note_once(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def parse_tree(text: str):
-    """'eagle1' | 'chain:N' | 'dynamic' | 'dynamic:K,D,N' | 'FILE.json' | 'none' -> StaticTree | DynamicTreeSpec | None."""
+    """'eagle1' | 'chain:N' | 'dynamic' | 'dynamic:K,D,N' | 'eagle2:T,D,K' | 'FILE.json' | 'none'
+    -> StaticTree | DynamicTreeSpec | None. The official EAGLE-2 spelling prints its mapping once."""
     import json
     from pathlib import Path
 
@@ -77,6 +98,9 @@ def parse_tree(text: str):
     if name == "dynamic" and arg and len(arg.split(",")) != 3:  # a partial list would keep defaults silently
         raise EagleError(f"bad tree {text!r}: dynamic takes all three numbers, dynamic:K,D,N (top-k K, depth D, "
                          f"N draft nodes), e.g. {DynamicTreeSpec()}; or plain dynamic for that default")
+    if name == "eagle2" and len(arg.split(",")) != 3:
+        raise EagleError(f"bad tree {text!r}: eagle2 takes the official EAGLE-2 settings total_token,depth,top_k, "
+                         "e.g. eagle2:60,5,10 (its GPU default)")
     try:
         if name == "eagle1" and not arg:
             return static_tree(EAGLE1_TREE)
@@ -84,8 +108,15 @@ def parse_tree(text: str):
             return chain(int(arg))
         if name == "dynamic":
             return DynamicTreeSpec(*(int(x) for x in arg.split(","))) if arg else DynamicTreeSpec()
+        if name == "eagle2":
+            spec = official_eagle2(*(int(x) for x in arg.split(",")))
+            _note_once(f"[eaglespec] tree {text.strip()}: official EAGLE-2 total_token={spec.total_tokens + 1}, "
+                       f"depth={spec.depth - 1}, top_k={spec.top_k} is our {spec}")
+            return spec
         if name == "none" and not arg:
             return None
+    except EagleError:
+        raise
     except (TypeError, ValueError) as exc:
         raise EagleError(f"bad tree {text!r} ({exc}); use one of: {TREE_HELP}") from exc
     raise EagleError(f"unknown tree {text!r}; use one of: {TREE_HELP}")

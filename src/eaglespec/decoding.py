@@ -84,14 +84,17 @@ class EagleGenerator:
         self.head_note = head_note  # said to the user, e.g. "freshly initialised head"
         self.head_dir = head_dir
         self.tuned = None  # the TunedTree when tree='auto' was tuned
+        self.numerics = None  # numerics.NumericsReport: batch invariance in this dtype, when measured
+        self.numerics_note = ""  # what dtype 'auto' chose and why
         self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
-                        device: str = "cpu", dtype: torch.dtype | None = None,
+                        device: str = "cpu", dtype: torch.dtype | str | None = None,
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
-                        max_batch: int = 1) -> "EagleGenerator":
+                        max_batch: int = 1, quantize: str | None = None,
+                        allow_inexact: bool = False) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
@@ -99,6 +102,12 @@ class EagleGenerator:
         full vocabulary. retune: with tree='auto', measure this machine's step costs again instead
         of reading them from the cache (`tuning.use_auto_tree`). max_batch: with tree='auto', also
         tune the tree for batches of up to this many sequences (the server's --max-batch).
+        dtype: a torch dtype, 'float32' | 'bfloat16' | 'float16', 'auto' (numerics.choose_dtype: the
+        fastest dtype whose tree verification is exact on this machine; said in gen.numerics_note),
+        or None (float32 on a CPU, bfloat16 on CUDA). quantize: None or 'int8' (quant.py: a
+        weight-only int8 target, which is then the verifier). allow_inexact: let tree='auto' use
+        tree sizes whose verification differs from one-at-a-time decoding by more than fp32
+        summation order ("lossless up to floating-point rounding"; numerics.py).
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
@@ -121,12 +130,30 @@ class EagleGenerator:
         if head not in (None, "default"):
             head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
             check_head_dir(head_dir)
-        tm = load_target(target, dtype or default_dtype(device), device)
+        from .numerics import DTYPES, check_dtype_runs, choose_dtype, numerics_for, parse_dtype
+        from .quant import quantize_target
+
+        if isinstance(dtype, str):
+            parse_dtype(dtype)
+            if dtype != "auto":
+                check_dtype_runs(dtype, device)
+        load_dtype = (torch.float32 if dtype == "auto" else DTYPES[dtype] if isinstance(dtype, str)
+                      else dtype or default_dtype(device))
+        tm = load_target(target, load_dtype, device)
+        default_dir = default_head_dir(tm) if head == "default" else None  # by the weights' fingerprint, before quantizing
+        quantize_target(tm, quantize)
+        numerics, numerics_note = None, ""
+        if dtype == "auto":
+            tm, numerics, numerics_note = choose_dtype(tm, device, retune)
+        elif tree == "auto" and head is not None:
+            numerics = numerics_for(tm, retune=retune)
         note = ""
         if head is None:
-            return cls(tm, None, "none" if tree == "auto" else tree)
+            gen = cls(tm, None, "none" if tree == "auto" else tree)
+            gen.numerics, gen.numerics_note = numerics, numerics_note
+            return gen
         if head == "default":
-            head_dir = default_head_dir(tm)
+            head_dir = default_dir
             if head_dir is None:
                 with torch.random.fork_rng():
                     torch.manual_seed(0)
@@ -143,8 +170,10 @@ class EagleGenerator:
         model = model.to(device=tm.device, dtype=tm.dtype)
         gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
                   head_dir=head_dir)
+        gen.numerics, gen.numerics_note = numerics, numerics_note
         if tree == "auto":
-            use_auto_tree(gen, retune=retune, max_batch=max_batch)
+            limit = None if allow_inexact or numerics is None else numerics.largest_exact()
+            use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
         return gen
 
     # -- prompts ------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ class Divergence:
     top2_gap: float | None       # top-1 minus top-2 logit there, from a plain forward of prompt + common prefix
     token_gap: float | None      # |logit(vanilla token) - logit(EAGLE token)| there
     near_tie: bool               # both tokens within the threshold of the top logit: rounding, not a defect
+    threshold: float | None = None  # the near-tie threshold applied there
 
 
 @dataclass
@@ -225,9 +226,10 @@ def load_prompts(n: int) -> tuple[list[str], str]:
 
 # -- stage: lossless --------------------------------------------------------------------------
 @torch.no_grad()
-def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[int], threshold: float,
-                    prompt_index: int = 0) -> Divergence | None:
-    """The first difference between two greedy outputs, measured on the target; None when equal."""
+def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[int],
+                    threshold: float | Callable[[float], float], prompt_index: int = 0) -> Divergence | None:
+    """The first difference between two greedy outputs, measured on the target; None when equal.
+    threshold: a logit distance, or a function of the top logit there that gives one."""
     from .bench.harness import first_difference
 
     i = first_difference(vanilla, eagle)
@@ -240,9 +242,10 @@ def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[i
     top = logits.topk(2).values
     top2_gap = float(top[0] - top[1])
     token_gap = abs(float(logits[v] - logits[e])) if v is not None and e is not None else None
+    limit = threshold(float(top[0])) if callable(threshold) else threshold
     near_tie = (v is not None and e is not None
-                and float(top[0] - logits[v]) < threshold and float(top[0] - logits[e]) < threshold)
-    return Divergence(prompt_index, i, v, e, top2_gap, token_gap, near_tie)
+                and float(top[0] - logits[v]) < limit and float(top[0] - logits[e]) < limit)
+    return Divergence(prompt_index, i, v, e, top2_gap, token_gap, near_tie, limit)
 
 
 def check_lossless(gen, prompts: list[list[int]], settings: CheckSettings) -> Stage:

@@ -91,6 +91,7 @@ class TargetModel:
     model: nn.Module          # the AutoModelForCausalLM
     tokenizer: object | None  # None for in-process test models
     name: str
+    quantization: str | None = None  # 'int8' once quant.quantize_target has run
 
     def __post_init__(self) -> None:
         self.model.eval()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -223,7 +223,7 @@ def cost_key(gen) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "eaglespec": __version__,
-            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
+            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."), "quantization": target.quantization,
             "head": _head_architecture(gen), "context": COST_CONTEXT}
 
 
@@ -392,7 +392,7 @@ def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 3, cache: Path | 
                      tuple(choices))
 
 
-def use_auto_tree(gen, retune: bool = False, max_batch: int = 1) -> None:
+def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int | None = None) -> None:
     """Give `gen` the tree tuned for this machine from its head directory's acceptance.json and
     the cached cost curve (gen.tuned says what was chosen and why); EAGLE-1's tree, with a note,
     when the head has none. retune (or EAGLESPEC_RETUNE=1): measure the cost curve again."""
@@ -402,5 +402,17 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1) -> None:
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
         gen.tree, gen.tuned = parse_tree("eagle1"), None
         return
-    gen.tuned = tune(gen, stats, cache=cache_dir(), retune=retune or retune_requested(), max_batch=max_batch)
+    sizes = SIZES if max_tokens is None else tuple(n for n in SIZES if n + 1 <= max_tokens)
+    if not sizes:  # not even one draft node verifies exactly in this dtype
+        note = (f"--tree auto: in {str(gen.target.dtype).removeprefix('torch.')} no tree verifies exactly on this "
+                "machine (numerics.py), so no drafts; --allow-inexact accepts rounding-level differences")
+        gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
+        gen.tree, gen.tuned = None, None
+        return
+    gen.tuned = tune(gen, stats, sizes=sizes, cache=cache_dir(), retune=retune or retune_requested(),
+                     max_batch=max_batch)
+    if max_tokens is not None and max(sizes) < max(SIZES):
+        gen.tuned = replace(gen.tuned, costs_source=f"{gen.tuned.costs_source}\ntrees up to {max(sizes)} draft nodes: "
+                            f"larger ones do not verify exactly in {str(gen.target.dtype).removeprefix('torch.')} here "
+                            "(--allow-inexact lifts this)")
     gen.tree = gen.tuned.tree

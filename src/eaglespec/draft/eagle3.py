@@ -291,37 +291,59 @@ class Eagle3Head(nn.Module):
     def save_pretrained(self, directory, extra: dict | None = None, max_shard_bytes: int | None = None) -> None:
         from .heads import write_head
 
-        write_head(directory, self.config_dict(), self.eagle_state_dict(), extra, max_shard_bytes)
+        tensors = self.eagle_state_dict()
+        if self.config.draft_vocab_size == self.config.vocab_size:  # no tables: vLLM has nothing to load d2t into
+            tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+        write_head(directory, self.config_dict(), tensors, extra, max_shard_bytes)
 
     def config_dict(self) -> dict:
-        """config.json as the published EAGLE-3 heads and SpecForge write it (Llama fields, one layer)."""
+        """config.json as the published EAGLE-3 heads and SpecForge write it (Llama fields, one layer),
+        read as is by vLLM (SGLang counts layer ids otherwise: `eaglespec export --format sglang`;
+        docs/interop.md). `bias: false` is the fc's (SGLang and the official code read it so),
+        `attention_bias: false` the attention's; `tie_word_embeddings: false` keeps SGLang from
+        replacing lm_head by the embedding."""
+        from .heads import rope_fields
+
         c = self.config
+        dtype = str(self.fc.weight.dtype).removeprefix("torch.")
+        rope = rope_fields({"rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling})
         return {
             "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
             "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-            "rope_scaling": c.rope_scaling, "max_position_embeddings": c.max_position_embeddings,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, **rope,
+            "max_position_embeddings": c.max_position_embeddings,
             "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
             "target_hidden_size": c.target_hidden_size, "hidden_act": c.hidden_act,
-            "tie_word_embeddings": False, "attention_bias": False,
+            "tie_word_embeddings": False, "attention_bias": False, "bias": False,
+            "torch_dtype": dtype, "dtype": dtype,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.layer_ids), "use_aux_hidden_state": True},
+            # the same ids where vLLM looks first and llama.cpp's converter only (its input-of-layer indexing is ours)
+            "eagle_aux_hidden_state_layer_ids": list(c.layer_ids),
         }
 
     @classmethod
     def config_from_dict(cls, cfg: dict, target_config, source: str) -> Eagle3Config:
-        """A published / SpecForge / our config.json -> Eagle3Config; layer ids default to (2, L/2, L-3)."""
+        """A published / SpecForge / our config.json -> Eagle3Config; layer ids default to (2, L/2, L-3).
+        target_config None: the head's own config.json must state every size (`eaglespec import`)."""
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
+        ours = cfg.get("eaglespec") if isinstance(cfg.get("eaglespec"), dict) else {}
+        if ours.get("layer_ids") is not None:  # an export whose engine counts layers otherwise (SGLang)
+            ids = ours["layer_ids"]
         if cfg.get("norm_before_residual"):
             raise EagleError(f"{source}: norm_before_residual=true (a variant whose residual is the normed hidden state) "
                              "is not supported; only the published EAGLE-3 layout is")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        if "type" in rope and "rope_type" not in rope:  # the legacy spelling
-            rope["rope_type"] = rope.pop("type")
-        theta = cfg.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
-        rope.pop("rope_theta", None)
-        scaling = rope if rope.get("rope_type", "default") != "default" else None
+        from .heads import rope_fields
+
+        rope = rope_fields(cfg)
+        theta, scaling = rope["rope_theta"], rope["rope_scaling"]
+
+        def target(name):  # a default taken from the target; without one the field must be there
+            if target_config is None:
+                raise KeyError(name)
+            return getattr(target_config, name)
+
         try:
             h = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -331,10 +353,10 @@ class Eagle3Head(nn.Module):
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or h // heads), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(theta),
-                max_position_embeddings=int(cfg.get("max_position_embeddings") or target_config.max_position_embeddings),
-                vocab_size=int(cfg.get("vocab_size") or target_config.vocab_size),
-                draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg.get("vocab_size") or target_config.vocab_size),
-                layer_ids=tuple(int(i) for i in ids) if ids else default_layer_ids(target_config.num_hidden_layers),
+                max_position_embeddings=int(cfg.get("max_position_embeddings") or target("max_position_embeddings")),
+                vocab_size=int(cfg.get("vocab_size") or target("vocab_size")),
+                draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg.get("vocab_size") or target("vocab_size")),
+                layer_ids=tuple(int(i) for i in ids) if ids else default_layer_ids(target("num_hidden_layers")),
                 rope_scaling=scaling, hidden_act=cfg.get("hidden_act", "silu"))
         except (KeyError, TypeError, ValueError) as exc:
             raise EagleError(f"{source}: its EAGLE-3 config.json lacks or mangles {exc}; re-export the head") from exc

@@ -2,11 +2,13 @@
 
     f_hat[t+1] = Layer( fc( [embed(x[t+1]) ; f[t]] ) )
 
-`fc` maps 2h -> h (with bias); `Layer` is one decoder layer of the target's own family (taken
+`fc` maps 2h -> h (with a bias, as the paper; `fc_bias=False` as the LLaMA-3 releases and vLLM);
+`Layer` is one decoder layer of the target's own family (taken
 from `transformers`, not copied) without its input norm, and there is no final norm. Draft logits
 are the target's LM head applied to f_hat. Embedding and LM head belong to the target and are
 not stored: the saved tensors carry the published EAGLE-1 names (`fc.weight`, `fc.bias`,
-`layers.0.self_attn.q_proj.weight`, ...), so heads load in the official code, vLLM and SGLang.
+`layers.0.self_attn.q_proj.weight`, ...); what each engine needs beyond that is written by
+`eaglespec export` (interop/, docs/interop.md).
 """
 
 from __future__ import annotations
@@ -18,7 +20,32 @@ import torch
 from torch import nn
 
 from ..errors import EagleError
-from .heads import DraftLM, check_config_against_weights, read_head_files, write_head
+from .heads import DraftLM, check_config_against_weights, read_head_files, rope_fields, write_head
+
+# Fields of the target's config.json that must not travel with a head: a reader applies them to the
+# head (vLLM and SGLang would load it as a GGUF-quantised model; `bias` is the official code's fc
+# bias but vLLM's and SGLang's attention bias; a one-layer head has no per-layer types), and paths
+# name this machine.
+_NOT_COPIED = ("quantization_config", "bias", "layer_types", "eaglespec")
+
+
+def eagle1_config(cfg: dict, fc_bias: bool, dtype: torch.dtype | None = None) -> dict:
+    """An EAGLE-1 head's config.json from its target's config (or an older head's): the target's
+    fields with one layer, as the published heads, and nothing a reader can misread. `bias` is
+    written only when false: the official code reads a missing `bias` as true (its fc bias), and
+    vLLM and SGLang read a true one as attention bias; `tie_word_embeddings` is false (SGLang
+    would use its embedding as the LM head)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = {k: v for k, v in cfg.items() if k not in _NOT_COPIED and not k.startswith("_")}
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(out.get("model_type"))
+    out.update(num_hidden_layers=1, tie_word_embeddings=False,
+               architectures=[arch] if arch else out.get("architectures"), **rope_fields(cfg))
+    if not fc_bias:
+        out["bias"] = False
+    if dtype is not None:
+        out["torch_dtype"] = out["dtype"] = str(dtype).removeprefix("torch.")
+    return out
 
 
 def _head_config(target_config):
@@ -40,14 +67,14 @@ class EagleHead(nn.Module):
     kind = "eagle1"
     hidden_layers = None  # reads the target's feature f
 
-    def __init__(self, target_config):
+    def __init__(self, target_config, fc_bias: bool = True):
         super().__init__()
         from transformers import AutoModel
 
         h = target_config.hidden_size
         self.hidden_size = h
         self.target_config = target_config
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         decoder = AutoModel.from_config(_head_config(target_config))
         if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
             raise EagleError(f"{target_config.model_type}: its base model has no `layers`/`norm`; the EAGLE head cannot be built from it")
@@ -101,16 +128,9 @@ class EagleHead(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None,
                         max_shard_bytes: int | None = None) -> None:
-        """config.json (the target's config with one layer, as the published heads have) +
-        model.safetensors, each written atomically."""
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        cfg = self.target_config.to_dict()
-        # The published EAGLE-1 heads carry the target's config with one layer and `bias: true`;
-        # vLLM and SGLang pick their EAGLE model class from `architectures`.
-        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.get("model_type"))
-        cfg.update(num_hidden_layers=1, bias=True, architectures=cfg.get("architectures") or ([arch] if arch else None))
-        cfg.pop("layer_types", None)
+        """config.json (`eagle1_config`: the target's config with one layer, as the published heads
+        have) + model.safetensors, each written atomically."""
+        cfg = eagle1_config(self.target_config.to_dict(), self.fc.bias is not None, self.fc.weight.dtype)
         write_head(directory, cfg, self.eagle_state_dict(), extra, max_shard_bytes)
 
     @classmethod
@@ -125,7 +145,7 @@ class EagleHead(nn.Module):
             theirs, ours = cfg.get(key), getattr(target_config, key)
             if theirs is not None and theirs != ours:
                 raise EagleError(f"head {source} has {key}={theirs} but the target has {key}={ours}: it was trained for another target")
-        head = cls(target_config)
+        head = cls(target_config, fc_bias="fc.bias" in sd)  # the LLaMA-3 releases and vLLM's heads have none
         head.load_eagle_state_dict(sd, source=source)
         return head
 

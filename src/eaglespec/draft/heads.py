@@ -51,6 +51,21 @@ class DraftLM:
         return ids if self.target_ids is None else self.target_ids[ids]
 
 
+def rope_fields(cfg: dict) -> dict:
+    """RoPE in every spelling a head's readers look for, from whichever one `cfg` has:
+    `rope_theta` at the top level (the official EAGLE code and transformers 4 read it there and
+    fall back to 10000 without it), transformers 5's `rope_parameters` (vLLM and SGLang read
+    these) and the legacy `rope_scaling` (None for plain RoPE)."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if "type" in rope and "rope_type" not in rope:  # the legacy spelling
+        rope["rope_type"] = rope.pop("type")
+    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    rope.pop("rope_theta", None)
+    rope.setdefault("rope_type", "default")
+    scaling = None if rope["rope_type"] == "default" else rope
+    return {"rope_theta": theta, "rope_parameters": {**rope, "rope_theta": theta}, "rope_scaling": scaling}
+
+
 def head_kind(cfg: dict, source: str) -> str:
     """'eagle1' or 'eagle3' from a head's config.json; anything else is a clear error."""
     archs = cfg.get("architectures") or []
@@ -208,17 +223,37 @@ def check_config_against_weights(cfg: dict, kind: str, shapes: dict[str, tuple[i
 
 def load_head(directory: str | os.PathLike, target_config):
     """An EagleHead or Eagle3Head from `directory`, checked against the target."""
+    cfg, sd, _ = read_head_files(directory)
+    kind = head_kind(cfg, str(directory))
+    check_config_against_weights(cfg, kind, {k: tuple(v.shape) for k, v in sd.items()}, directory)
+    return head_from_files(cfg, sd, target_config, str(directory))
+
+
+def own_target_config(cfg: dict, source: str):
+    """An EAGLE-1 head's config.json is its target's config cut to one layer: the config the head
+    is built from when no target is at hand (`eaglespec export` and `import` check a head alone)."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "eaglespec")}
+    try:
+        return AutoConfig.for_model(cfg.get("model_type", "llama"), **fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EagleError(f"{source}: its config.json does not describe a model transformers knows "
+                         f"({one_line(exc)}); pass the target it was trained for") from exc
+
+
+def head_from_files(cfg: dict, sd: dict[str, torch.Tensor], target_config, source: str):
+    """An EagleHead or Eagle3Head from a config dict and its tensors, checked against the target;
+    target_config None: against the head's own config.json."""
     from .eagle3 import Eagle3Head
     from .head import EagleHead
 
-    cfg, sd, _ = read_head_files(directory)
-    source = str(directory)
     kind = head_kind(cfg, source)
-    check_config_against_weights(cfg, kind, {k: tuple(v.shape) for k, v in sd.items()}, directory)
     if kind == "eagle1":
-        return EagleHead.from_files(cfg, sd, target_config, source)
+        return EagleHead.from_files(cfg, sd, target_config or own_target_config(cfg, source), source)
     config = Eagle3Head.config_from_dict(cfg, target_config, source)
-    config.check_target(target_config, source)
+    if target_config is not None:
+        config.check_target(target_config, source)
     d2t = sd.get("d2t")
     if d2t is not None and d2t.numel() != config.draft_vocab_size:
         raise EagleError(f"{source}: its d2t table has {d2t.numel()} entries but draft_vocab_size is "

@@ -4,7 +4,9 @@ frequent tokens of the training data. On a CPU the full 49k-row LM head is most 
 so the output is unchanged: a draft token outside the subset simply never gets proposed.
 
 Stored beside the head as `draft_vocab.safetensors`: `token_ids` [V] (every target token id,
-most frequent first) and `counts` [V]; the size is chosen at load time.
+most frequent first) and `counts` [V]; the size is chosen at load time. A head exported for
+another engine keeps it in an `eaglespec/` subfolder instead, since vLLM and SGLang load every
+`*.safetensors` beside the weights as weights; both places are read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..errors import EagleError, one_line
 from ..files import atomic_path
 
 FILE = "draft_vocab.safetensors"
+EXPORTED_DIR = "eaglespec"  # where an exported head keeps it (interop/formats.py)
 TOKEN_IDS = "token_ids"
 DEFAULT_SIZE = 8192
 
@@ -40,8 +43,17 @@ def save_draft_vocab(head_dir: str | Path, counts: torch.Tensor) -> Path:
     return path
 
 
+def vocab_path(head_dir: str | Path) -> Path:
+    """The head's draft_vocab.safetensors: beside the weights, else in the exported layout's
+    subfolder; the first when neither exists."""
+    beside = Path(head_dir) / FILE
+    exported = Path(head_dir) / EXPORTED_DIR / FILE
+    return exported if not beside.is_file() and exported.is_file() else beside
+
+
 def _unreadable(path: Path, why: str) -> EagleError:
-    return EagleError(f"{path} {why}: rebuild it with `eaglespec tune --head {path.parent} --recount`, or delete it "
+    head_dir = path.parent.parent if path.parent.name == EXPORTED_DIR else path.parent
+    return EagleError(f"{path} {why}: rebuild it with `eaglespec tune --head {head_dir} --recount`, or delete it "
                       "(the head then drafts over the full vocabulary)")
 
 
@@ -50,7 +62,7 @@ def check_draft_vocab(head_dir: str | Path) -> None:
     or one without `token_ids` [V], is refused before anything slow is loaded."""
     from safetensors import safe_open
 
-    path = Path(head_dir) / FILE
+    path = vocab_path(head_dir)
     if not path.is_file():
         return
     try:
@@ -67,7 +79,7 @@ def check_draft_vocab(head_dir: str | Path) -> None:
 def load_draft_vocab(head_dir: str | Path, size: int | None, vocab_size: int) -> torch.Tensor | None:
     """-> d2t [size]: the `size` most frequent target ids, or None (full vocabulary) when the head
     ships no ranking, size is None, or size covers the whole vocabulary."""
-    path = Path(head_dir) / FILE
+    path = vocab_path(head_dir)
     if size is None or not path.is_file():
         return None
     if size < 1:

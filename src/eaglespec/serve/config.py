@@ -19,7 +19,7 @@ class ServeConfig:
     max_tokens: int = 1024             # upper bound on a request's max_tokens (the model's context bounds it too)
     default_max_tokens: int = 256      # max_tokens for a request that gives none (cut to the room left in the context)
     max_prompt_tokens: int | None = None  # longest prompt accepted, in tokens; None = the model's context - 1
-    queue_timeout: float = 30.0        # seconds a request may wait for the worker before it gets a 503
+    queue_timeout: float = 600.0       # seconds a request may wait for a place in the batch before a 503 (the openai client waits 600)
     max_queue: int = 64                # requests waiting beyond this get a 503 at once
     max_batch: int = 16                # sequences decoded together (continuous batching); see docs/serving.md
     max_body_bytes: int = 4 * 2**20    # a request body beyond this gets a 413 (checked while it is read)

@@ -4,7 +4,7 @@ equals the text of the same request by itself. Reports errors, mismatches, p50 /
 and throughput.
 
     python -m eaglespec.serve.loadtest                       # in-process server on the default model
-    python -m eaglespec.serve.loadtest --max-batch 1         # the same, one request at a time
+    python -m eaglespec.serve.loadtest --max-batch 1 --queue-timeout 30   # one request at a time
     python -m eaglespec.serve.loadtest --url http://host:8000  # a server already running
 
 The CI test (tests/test_serve_load.py) runs `run` on the default model with default settings.
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=None, help="in-process server: --max-batch (default: its default)")
+    p.add_argument("--queue-timeout", type=float, default=None, help="in-process server: --queue-timeout")
     p.add_argument("--target", default=None)
     p.add_argument("--head", default="default")
     p.add_argument("--tree", default="auto")
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         from .app import create_app
         from .config import ServeConfig
 
-        config = ServeConfig() if args.max_batch is None else ServeConfig(max_batch=args.max_batch)
+        given = {"max_batch": args.max_batch, "queue_timeout": args.queue_timeout}
+        config = ServeConfig(**{k: v for k, v in given.items() if v is not None})
         gen = EagleGenerator.from_pretrained(args.target, None if args.head == "none" else args.head, args.tree,
                                              max_batch=config.max_batch)
         with serve_in_thread(create_app(gen, config)) as url:

@@ -39,7 +39,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train", help="train an EAGLE-1 or EAGLE-3 draft head for a target",
         description="Train an EAGLE-1 head (or an EAGLE-3 head with --head eagle3) on captured features (--capture-dir) or on features computed on the fly "
-                    "(--online with --data). Resumes from the checkpoint in --out when there is one.")
+                    "(--online with --data). Resumes from the checkpoint in --out when there is one. Under torchrun or "
+                    "accelerate launch it trains data-parallel (DDP), one GPU per process with --device cuda, with "
+                    "the same global batch (--grad-accum), schedule and checkpoints as one process.")
     _add_common(p)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--capture-dir", type=Path, help="a directory written by eaglespec capture")
@@ -69,9 +71,18 @@ def add_distill_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _one_process(command: str) -> None:
+    from .distributed import launched_processes
+
+    if launched_processes() > 1:
+        raise EagleError(f"eaglespec {command} runs as one process (every process would write the same files): start "
+                         "it without torchrun / accelerate launch; only eaglespec train is data-parallel")
+
+
 def run_distill(args) -> int:
     from .distill import describe, distill
 
+    _one_process("distill")
     config = config_from_args(DistillConfig, args)
     target = _load_target(args)
     manifest = distill(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
@@ -92,6 +103,7 @@ def run_capture(args) -> int:
     from .capture import capture
     from .data import DataSummary
 
+    _one_process("capture")
     config = config_from_args(CaptureConfig, args)
     target = _load_target(args)
     manifest = capture(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
@@ -102,12 +114,21 @@ def run_capture(args) -> int:
 
 
 def run_train(args) -> int:
+    from .distributed import process_group
+
+    config = config_from_args(TrainConfig, args)
+    data = config_from_args(DataConfig, args)
+    with process_group(args.device) as (dist, device):
+        args.device = device  # under torchrun with --device cuda: this process's GPU
+        args.progress = args.progress and dist.is_main  # one process prints
+        return _train(args, config, data, dist)
+
+
+def _train(args, config: TrainConfig, data: DataConfig, dist) -> int:
     from .capture import FeatureDataset, OnlineDataset
     from .data import load_examples
     from .trainer import eval_line, train
 
-    config = config_from_args(TrainConfig, args)
-    data = config_from_args(DataConfig, args)
     if args.capture_dir is not None:
         if data != DataConfig():
             raise EagleError("--data, --max-examples, --max-length and --overflow choose the data of --online; "
@@ -119,12 +140,15 @@ def run_train(args) -> int:
     else:
         target = _load_target(args)
         examples, summary = load_examples(target.tokenizer, data)
-        print(summary.line(), flush=True)
+        if dist.is_main:
+            print(summary.line(), flush=True)
         layers = parse_layers(config.aux_layers, target.config.num_hidden_layers) if config.head == "eagle3" else None
         dataset = OnlineDataset(target, examples, layers)
         info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens}
     result = train(target, dataset, config, args.out, device=args.device, compute_dtype=target.dtype,
-                   overwrite=args.overwrite, resume=args.resume, progress=args.progress, data_info=info)
+                   overwrite=args.overwrite, resume=args.resume, progress=args.progress, data_info=info, dist=dist)
+    if not dist.is_main:
+        return 0
     if result.final_eval and not args.progress:  # with progress on, the trainer printed it
         print(eval_line(result.final_eval))
     print(f"wrote head to {result.out_dir} after {result.steps} steps (metrics: {result.out_dir / 'metrics.jsonl'})")

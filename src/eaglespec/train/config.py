@@ -115,6 +115,8 @@ class TrainConfig:
 
     head: str = _opt("eagle1", "the head to train: eagle1 (feature + token loss on f) or eagle3 (fused target "
                      "layers, training-time test, own draft vocabulary)", choices=HEAD_KINDS)
+    fc_bias: bool = _opt(True, "eagle1: give the head's fc a bias, as the paper; --no-fc-bias trains one without, as the "
+                         "LLaMA-3 releases, which vLLM runs exactly (its EAGLE-1 fc has no bias; docs/interop.md)")
     ttt_steps: int = _opt(7, "eagle3: training-time-test steps, the head unrolled on its own outputs (1 = no "
                           "training-time test)")
     ttt_decay: float = _opt(0.8, "eagle3: step k's loss is weighted decay**k (the official EAGLE-3 code)")
@@ -127,7 +129,10 @@ class TrainConfig:
     beta1: float = _opt(0.9, "AdamW beta1")
     beta2: float = _opt(0.95, "AdamW beta2")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
-    grad_accum: int = _opt(8, "sequences per optimizer step (each micro-batch is one sequence)", aliases=("--batch",))
+    grad_accum: int = _opt(8, "sequences per optimizer step, the global batch: under torchrun they are dealt to the "
+                           "processes, so the step is the same for any process count (each micro-batch is one "
+                           "sequence; a multiple of the process count keeps every process busy)",
+                           aliases=("--batch",))
     warmup: int = _opt(100, "optimizer steps of linear learning-rate warm-up")
     schedule: str = _opt("linear", "learning rate after warm-up: 'linear' decay to 0 at the last step "
                          "(the official EAGLE code) or 'constant'", choices=("linear", "constant"))

@@ -6,6 +6,13 @@ optimizer, scheduler, RNG states, the position in the epoch's order), so a resum
 bit-for-bit the uninterrupted one. The target's embedding and LM head are used, frozen, and
 never handed to the optimizer.
 
+Data-parallel (`torchrun`, see distributed.py): `grad_accum` stays the global batch. Each step's
+sequences are dealt to the processes (process r takes every world_size-th, from r), DDP sums
+their gradients, and every process takes the same AdamW step; the feature noise of a sequence is
+seeded by (seed, epoch, example). The data order, the schedule and the checkpoints are those of
+one process, so a checkpoint resumes under any number of processes, and the weights equal a
+one-process run's up to the order of the gradient sums. Rank 0 alone writes files.
+
 Files in the output directory:
     config.json, model.safetensors   the head (EagleHead.save_pretrained), with a training summary
     metrics.jsonl                    one JSON object per line: kind "train" (every log_every steps)
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..draft import vocab
@@ -38,6 +46,7 @@ from ..draft.heads import CONFIG, WEIGHTS
 from ..errors import EagleError
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
+from .distributed import Distributed
 from ..files import atomic_path, atomic_write_bytes
 from .loss import HeadInputs, LossParts, eagle_loss, head_inputs, rollout_correct, ttt_loss
 
@@ -75,6 +84,11 @@ def epoch_order(train: list[int], seed: int, epoch: int) -> list[int]:
     return [train[i] for i in torch.randperm(len(train), generator=g).tolist()]
 
 
+def noise_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of example `index`'s feature noise in `epoch`: whichever process reads it."""
+    return ((seed * 1_000_003 + epoch) * 1_000_003 + index + 1) % 2 ** 63
+
+
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     """Linear warm-up over `warmup` steps, then constant or linear decay to 0 at `total`."""
     if step < warmup:
@@ -101,12 +115,36 @@ def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
     return False
 
 
+class _StepLoss(torch.nn.Module):
+    """One sequence's training loss as the forward of a module that owns the head: what DDP
+    wraps, since its gradient hooks need the loss made inside its forward (EAGLE-3's loss calls
+    several of the head's methods, not its forward)."""
+
+    def __init__(self, head: torch.nn.Module, loss):
+        super().__init__()
+        self.head = head
+        self.loss = loss  # Trainer._loss; it reads the target's frozen LM head, which DDP must not see
+
+    def forward(self, inputs: HeadInputs | None, features: torch.Tensor | None) -> LossParts:
+        # Every parameter joins the graph with weight 0: DDP then finds a gradient for each one even
+        # when a sequence leaves part of the head unused, or when this process has no sequence left
+        # in a step (inputs None), and still joins the all-reduce, with zeros.
+        touch = sum(p.reshape(-1)[0] for p in self.head.parameters() if p.requires_grad) * 0.0
+        if inputs is None:
+            zero = touch.detach()
+            return LossParts(touch, zero, zero, 0, 0)
+        parts = self.loss(inputs, features)
+        return dataclasses.replace(parts, loss=parts.loss + touch)
+
+
 class Trainer:
     def __init__(self, target, dataset, config: TrainConfig, out_dir: str | os.PathLike, device: str = "cpu",
                  overwrite: bool = False, resume: bool = True, progress: bool = True, data_info: dict | None = None,
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, dist: Distributed | None = None):
         """compute_dtype: the autocast dtype of the head's arithmetic (master weights stay fp32);
-        default bf16 on CUDA, fp32 on CPU (`target.fast_dtype` picks bf16 where a CPU has it natively)."""
+        default bf16 on CUDA, fp32 on CPU (`target.fast_dtype` picks bf16 where a CPU has it natively);
+        float64 trains the head in float64 (tests that compare runs). dist: this process among
+        data-parallel ones (default: the initialised process group, if any; see distributed.py)."""
         check_identity(dataset.identity, target, "the training data")
         if len(dataset) < 2 and config.eval_fraction > 0:
             raise EagleError(f"{len(dataset)} example(s) cannot be split into training and held-out sets: "
@@ -115,7 +153,9 @@ class Trainer:
         self.out_dir = Path(out_dir).expanduser()
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.progress = progress
+        self.param_dtype = torch.float64 if self.compute_dtype == torch.float64 else torch.float32
+        self.dist = dist or Distributed.current()
+        self.progress = progress and self.dist.is_main
         self.data_info = {"examples": len(dataset), **(data_info or {})}
         target.model.requires_grad_(False)
         self.train_idx, self.eval_idx = split(len(dataset), config.eval_fraction, config.seed)
@@ -125,13 +165,13 @@ class Trainer:
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
-        self._resume = prepare_out_dir(self.out_dir, overwrite, resume)
+        self._resume = self.dist.on_main(lambda: prepare_out_dir(self.out_dir, overwrite, resume))
 
         self.counts = vocab.count_tokens((dataset.tokens(i) for i in self.train_idx), target.vocab_size)
         ranked = torch.sort(self.counts, descending=True, stable=True).indices
         torch.manual_seed(config.seed)
         if config.head == "eagle1":
-            self.head = EagleHead(target.config).to(self.device, torch.float32)
+            self.head = EagleHead(target.config, fc_bias=config.fc_bias).to(self.device, self.param_dtype)
             self.lm_head = self._sliced_lm_head(None if config.loss_vocab is None else ranked[:config.loss_vocab])
         else:
             layers = parse_layers(config.aux_layers, target.config.num_hidden_layers)
@@ -143,13 +183,14 @@ class Trainer:
             self.head = Eagle3Head(Eagle3Config.for_target(target.config, size, layers))
             self.head.set_draft_vocab(ranked[:size])
             self._init_from_target()
-            self.head.to(self.device, torch.float32)
+            self.head.to(self.device, self.param_dtype)
             self.lm_head = self._sliced_lm_head(self.head.target_ids())
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, config.warmup, self.total_steps, config.schedule))
-        self.noise_rng = torch.Generator(device=self.device).manual_seed(config.seed + 1)
+        self.noise_rng = torch.Generator(device=self.device).manual_seed(config.seed + 1)  # reseeded per sequence
+        self.model: torch.nn.Module = _StepLoss(self.head, self._loss)  # DDP-wrapped in run() when data-parallel
         self.step, self.epoch, self.position, self.history = 0, 0, 0, []
         self.window: list[list[float]] = []  # per-step [loss, feature, token] since the last train row
 
@@ -188,8 +229,8 @@ class Trainer:
     def _inputs(self, index: int) -> HeadInputs:
         s = self.dataset[index]
         hidden = s.hidden if self.config.head == "eagle3" else None
-        return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, torch.float32, self.device,
-                           hidden=hidden)
+        return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, self.param_dtype,
+                           self.device, hidden=hidden)
 
     def _loss(self, inputs: HeadInputs, features: torch.Tensor) -> LossParts:
         c = self.config
@@ -227,8 +268,7 @@ class Trainer:
     def _state(self) -> dict:
         return {
             "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "noise_rng": self.noise_rng.get_state(),
-            "torch_rng": torch.get_rng_state(),
+            "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "step": self.step, "epoch": self.epoch, "position": self.position, "history": self.history,
             "window": self.window,
@@ -236,11 +276,15 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
+        if not self.dist.is_main:  # every process holds the same state
+            return
         with atomic_path(self.out_dir / CHECKPOINT) as tmp:
             torch.save(self._state(), tmp)
         self._write_metrics()
 
     def load_checkpoint(self) -> None:
+        """Every process reads the same file (--out is shared, as the data is), and so passes or
+        fails the same checks."""
         path = self.out_dir / CHECKPOINT
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle
@@ -258,22 +302,23 @@ class Trainer:
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.noise_rng.set_state(state["noise_rng"])
         torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():  # a machine may have fewer GPUs
+            for i, rng in enumerate(state["cuda_rng"][:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(rng, i)
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.history, self.window = state["history"], state["window"]
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """Held-out losses and accuracies; data-parallel, each process scores its share."""
         self.head.eval()
         c = self.config
         feature, token, positions = 0.0, 0.0, 0
         depths = c.eval_depths if c.head == "eagle1" else max(c.eval_depths, c.ttt_steps)
         hits, counted = [0] * depths, [0] * depths
-        for index in self.eval_idx:
+        for index in self.dist.shard(self.eval_idx):
             inputs = self._inputs(index)
             parts = self._loss(inputs, inputs.features)
             for k, (h, m) in enumerate(self._depth_hits(inputs, parts.positions)):
@@ -283,6 +328,9 @@ class Trainer:
             token += float(parts.token_loss) * parts.positions
             positions += parts.positions
         self.head.train()
+        totals = self.dist.sum([feature, token, positions, *hits, *counted], self.device)
+        feature, token, positions = totals[0], totals[1], int(totals[2])
+        hits, counted = [int(x) for x in totals[3:3 + depths]], [int(x) for x in totals[3 + depths:]]
         n = max(positions, 1)
         weights = (c.feature_loss_weight, c.token_loss_weight) if c.head == "eagle1" else (0.0, 1.0)
         row = {"kind": "eval", "step": self.step, "epoch": self.epoch, "examples": len(self.eval_idx),
@@ -292,31 +340,52 @@ class Trainer:
         return row
 
     # -- the loop -----------------------------------------------------------------------------
+    def _accumulate(self, group: list[int]) -> list[float]:
+        """Gradients of the mean loss over `group`, one optimizer step's sequences -> the step's
+        [loss, feature loss, token loss] (means over the group). Data-parallel, this process takes
+        its share and DDP sums the shares' gradients in the last micro-batch's backward."""
+        world = self.dist.world_size
+        mine = self.dist.shard(group)
+        slots = -(-len(group) // world)  # micro-batches on every process: the largest share
+        losses = [0.0, 0.0, 0.0]
+        for slot in range(slots):
+            syncs = slot == slots - 1 or not isinstance(self.model, DistributedDataParallel)
+            with contextlib.nullcontext() if syncs else self.model.no_sync():
+                if slot < len(mine):
+                    inputs = self._inputs(mine[slot])
+                    self.noise_rng.manual_seed(noise_seed(self.config.seed, self.epoch, mine[slot]))
+                    parts = self.model(inputs, self._noisy(inputs.features))
+                else:  # a short share: a zero gradient, so that this process joins the all-reduce
+                    parts = self.model(None, None)
+                (parts.loss * world / len(group)).backward()  # DDP divides the sum by world
+            for k, v in enumerate((parts.loss, parts.feature_loss, parts.token_loss)):
+                losses[k] += float(v.detach()) / len(group)
+        return self.dist.sum(losses, self.device)
+
     def run(self) -> TrainResult:
         c = self.config
         if self._resume:
             self.load_checkpoint()
+        if self.dist.enabled and not isinstance(self.model, DistributedDataParallel):
+            # after the checkpoint: every process already holds the same weights and AdamW state
+            self.model = DistributedDataParallel(self.model)
         self.head.train()
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", disable=not self.progress,
                    dynamic_ncols=True)
         deadline = None if c.time_limit is None else time.monotonic() + 60 * c.time_limit
         started = self.step
 
-        def out_of_time() -> bool:  # at least one step per run
-            return deadline is not None and self.step > started and time.monotonic() > deadline
+        def out_of_time() -> bool:  # at least one step per run; every process stops at the same step
+            if deadline is None or self.step == started:
+                return False
+            return self.dist.any(time.monotonic() > deadline, self.device)
 
         with bar:
             while self.step < self.total_steps and self.epoch < c.epochs and not out_of_time():
                 order = epoch_order(self.train_idx, c.seed, self.epoch)
                 while self.position < len(order) and self.step < self.total_steps and not out_of_time():
                     group = order[self.position: self.position + c.grad_accum]
-                    losses = [0.0, 0.0, 0.0]
-                    for index in group:
-                        inputs = self._inputs(index)
-                        parts = self._loss(inputs, self._noisy(inputs.features))
-                        (parts.loss / len(group)).backward()
-                        for k, v in enumerate((parts.loss, parts.feature_loss, parts.token_loss)):
-                            losses[k] += float(v.detach()) / len(group)
+                    losses = self._accumulate(group)
                     if c.grad_clip > 0:
                         torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip)
                     self.optimizer.step()
@@ -360,6 +429,12 @@ class Trainer:
         self._write_metrics(plot=True)
 
     def _finish(self, keep_checkpoint: bool = False) -> TrainResult:
+        if self.dist.is_main:
+            self._save(keep_checkpoint)
+        self.dist.barrier()  # no process returns before the head is written
+        return TrainResult(self.head, self.out_dir, self.step, list(self.history))
+
+    def _save(self, keep_checkpoint: bool) -> None:
         extra = {
             "trained_by": "eaglespec train",
             "target": self.target.identity(),
@@ -375,9 +450,10 @@ class Trainer:
         self._write_metrics(plot=True)
         if not keep_checkpoint:
             (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
-        return TrainResult(self.head, self.out_dir, self.step, list(self.history))
 
     def _write_metrics(self, plot: bool = False) -> None:
+        if not self.dist.is_main:
+            return
         atomic_write_bytes(self.out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
         if plot:  # after every epoch and at the end: a plot per checkpoint would cost more than tiny steps
             plot_history(self.history, self.out_dir / PLOT)

@@ -1,0 +1,202 @@
+"""Numerics chosen for the hardware, never silently: the dtype the target and head run in, and
+whether verification in it is batch-invariant.
+
+Lossless EAGLE rests on one fact: the target's logits for a token verified inside a q-token tree
+equal its logits when the same token is decoded alone. Kernels do not promise that: a matrix
+product over q rows may block and round differently from one over a single row, and bf16 rounds
+coarsely enough for that to flip a near-tie. So we measure it, per machine, dtype and tree size:
+the per-row logits of a q-token forward (a chain over a 256-token cache) against the same tokens
+run one at a time. A size is *exact* when the two are bitwise equal or differ only by fp32's
+summation order (see `Invariance.exact`); we record the largest difference and whether every
+row's argmax agrees. `--tree auto` only uses exact sizes
+unless `--allow-inexact` ("lossless up to floating-point rounding", the standard GPU engines
+keep).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .errors import EagleError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CONTEXT = 256  # cached tokens the measurement runs on
+EXACT_RTOL = 1e-4  # see Invariance.exact
+
+
+@dataclass(frozen=True)
+class Invariance:
+    size: int            # q: tokens verified together (a tree of q - 1 draft nodes plus its root)
+    max_diff: float      # largest |logit difference| between the q-token forward and one at a time
+    argmax_agrees: bool  # every row's argmax is the same both ways
+    bitwise: bool        # the logits are identical
+    scale: float = 1.0   # the largest |logit| seen (differences are judged against it)
+
+    @property
+    def exact(self) -> bool:
+        """Bitwise equal, or equal up to the order of fp32 accumulation: every argmax agrees and
+        no logit moved by more than EXACT_RTOL of the logit scale. That bound is ~1,000 fp32 unit
+        roundoffs and ~80x below one bf16 roundoff, so it separates summation-order noise from
+        rounding of the activations themselves."""
+        return self.bitwise or (self.argmax_agrees and self.max_diff <= EXACT_RTOL * max(1.0, self.scale))
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    dtype: str
+    rows: tuple[Invariance, ...]
+    step_s: float        # one single-token forward (a vanilla step) in this dtype, seconds
+
+    def exact_sizes(self) -> list[int]:
+        return [r.size for r in self.rows if r.exact]
+
+    def largest_exact(self) -> int:
+        """The largest q such that every measured size up to it is exact (1 at least)."""
+        best = 1
+        for r in sorted(self.rows, key=lambda r: r.size):
+            if not r.exact:
+                break
+            best = r.size
+        return best
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "step_s": self.step_s, "rows": [asdict(r) for r in self.rows]}
+
+
+@torch.no_grad()
+def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), context: int = CONTEXT,
+                       seed: int = 0) -> NumericsReport:
+    """Per-row logits of a q-token chain forward against the same tokens one at a time, for each q
+    in sizes, on a cache of `context` random tokens; plus the time of one single-token step.
+    The one-at-a-time reference is computed once, for the largest q: token i's logits alone depend
+    only on the tokens before it, so every smaller q compares against its first rows."""
+    from .kv_cache import crop
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = min(target.vocab_size, int(getattr(target.config, "vocab_size", target.vocab_size)))
+    longest = max(sizes)
+    context = min(context, target.max_context - longest - 1)
+    prefix = torch.randint(0, vocab, (1, context), generator=g)
+    tokens = torch.randint(0, vocab, (1, longest), generator=g)
+    cache = target.new_cache()
+    target.forward(prefix, cache)
+    alone, step_s = [], float("inf")
+    for i in range(longest):
+        start = time.perf_counter()
+        alone.append(target.logits(target.forward(tokens[:, i:i + 1], cache))[0])
+        step_s = min(step_s, time.perf_counter() - start)
+    alone = torch.cat(alone)  # [longest, V]
+    rows = []
+    for q in sizes:
+        crop(cache, context)
+        together = target.logits(target.forward(tokens[:, :q], cache, torch.ones(q, q, dtype=torch.bool).tril(),
+                                                torch.arange(q)))[0]
+        ref = alone[:q]
+        diff = (together - ref).abs().max().item()
+        rows.append(Invariance(q, diff, bool((together.argmax(-1) == ref.argmax(-1)).all()), diff == 0.0,
+                               ref.abs().max().item()))
+    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(rows), step_s)
+
+
+def parse_dtype(name: str) -> str:
+    if name != "auto" and name not in DTYPES:
+        raise EagleError(f"--dtype {name!r}: choose auto, {', '.join(DTYPES)}")
+    return name
+
+
+def check_dtype_runs(name: str, device: str) -> None:
+    """Refuse a dtype this hardware cannot run (or runs only by slow emulation, said so)."""
+    from .target import native_bf16_cpu
+
+    if name == "float16" and not str(device).startswith("cuda"):
+        raise EagleError("--dtype float16 needs a GPU: CPUs have no fp16 matrix units in PyTorch; "
+                         "use --dtype bfloat16 (on a CPU with AVX512-BF16 or AMX) or float32")
+    if name == "bfloat16" and not str(device).startswith("cuda") and not native_bf16_cpu():
+        raise EagleError("--dtype bfloat16: this CPU has no native bf16 units (AVX512-BF16 or AMX), so it "
+                         "would be emulated and slower than float32; use --dtype float32 (or auto)")
+
+
+SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 65)  # q = tree nodes + root, up to tuning's largest tree
+
+
+def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
+    """`measure_invariance` for this target, cached beside the cost curves (tuning.cache_dir),
+    keyed by the machine, software, threads, weights, dtype and quantization."""
+    import hashlib
+    import json
+
+    import transformers
+
+    from .files import atomic_write_bytes
+    from .target import cpu_identity
+    from .tuning import cache_dir, retune_requested
+
+    key = {"scheme": 1, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "transformers": transformers.__version__, "target": target.fingerprint(),
+           "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT}
+    path = cache_dir() / f"numerics-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    if path.is_file() and not (retune or retune_requested()):
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] == key:
+                r = data["report"]
+                return NumericsReport(r["dtype"], tuple(Invariance(**row) for row in r["rows"]), float(r["step_s"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # damaged: measure again and rewrite
+    report = measure_invariance(target, sizes)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps({"key": key, "report": report.to_dict()}, indent=1).encode())
+    except OSError:
+        pass  # an unwritable cache only costs the next start a measurement
+    return report
+
+
+@torch.no_grad()
+def step_times(targets: dict, context: int = 64, reps: int = 6) -> dict[str, float]:
+    """The fastest single-token step of each target, measured alternately so that a shared
+    machine's load falls on all of them alike. -> name -> seconds."""
+    g = torch.Generator().manual_seed(0)
+    first = next(iter(targets.values()))
+    prompt = torch.randint(0, min(first.vocab_size, 1000), (1, context), generator=g)
+    caches = {}
+    for name, t in targets.items():
+        caches[name] = t.new_cache()
+        t.forward(prompt, caches[name])
+    best = {name: float("inf") for name in targets}
+    token = prompt[:, -1:]
+    for _ in range(reps):
+        for name, t in targets.items():
+            start = time.perf_counter()
+            t.logits(t.forward(token, caches[name]))
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, NumericsReport, str]:
+    """dtype 'auto': of float32 and (on CUDA, or a CPU with native bf16 units) bfloat16, the one
+    with the fastest vanilla step among those where trees of 2 tokens or more verify exactly;
+    float32 when none does. target: loaded in float32. -> (target in the chosen dtype, its
+    invariance report, the reason, one line)."""
+    import copy
+
+    from .target import TargetModel, native_bf16_cpu
+
+    reports = {"float32": numerics_for(target, retune=retune)}
+    candidates = {"float32": target}
+    if str(device).startswith("cuda") or native_bf16_cpu():
+        low = TargetModel(copy.deepcopy(target.model).to(torch.bfloat16), target.tokenizer, target.name,
+                          target.quantization)
+        candidates["bfloat16"] = low
+        reports["bfloat16"] = numerics_for(low, retune=retune)
+    usable = [name for name, r in reports.items() if r.largest_exact() >= 2]
+    steps = step_times(candidates)  # now, side by side: a cached time would carry another moment's load
+    chosen = min(usable, key=lambda n: steps[n]) if usable else "float32"
+    facts = "; ".join(f"{n}: vanilla step {steps[n] * 1000:.1f} ms, exact up to {r.largest_exact()} tokens"
+                      for n, r in reports.items())
+    why = ("the fastest with exact trees" if chosen in usable else
+           "no dtype verifies 2 tokens exactly on this machine: trees need --allow-inexact")
+    return candidates[chosen], reports[chosen], f"dtype auto: {chosen} ({why}; {facts})"
