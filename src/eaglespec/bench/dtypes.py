@@ -1,6 +1,7 @@
 """One table, one run: vanilla and EAGLE for each numeric format the machine offers (fp32, bf16
 where the CPU has native units or on CUDA, weight-only int8), on the same prompts, interleaved
-prompt by prompt. Each EAGLE output is compared with the same format's vanilla output (its own
+prompt by prompt, with llama.cpp's vanilla decoding of the GGUF the default model ships as (Q4_1)
+when llama.cpp has been built (`python -m eaglespec.interop.build_llamacpp`). Each EAGLE output is compared with the same format's vanilla output (its own
 verifier); speedups are over fp32 vanilla.
 
     python -m eaglespec.bench.dtypes --limit 10 --max-new-tokens 128 --out runs/bench-dtypes
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import EagleError
+
 
 def formats(device: str) -> list[tuple[str, str, str | None]]:
     """-> (label, dtype, quantization) rows this machine can run."""
@@ -28,10 +31,16 @@ def formats(device: str) -> list[tuple[str, str, str | None]]:
     return rows
 
 
-def run(prompts: list[list[int]], gens: dict, max_new_tokens: int, progress=None) -> list[dict]:
-    """gens: label -> EagleGenerator. Interleaved: for each prompt, every format's vanilla then EAGLE."""
+def run(prompts: list[list[int]], gens: dict, max_new_tokens: int, progress=None, llamacpp=None) -> list[dict]:
+    """gens: label -> EagleGenerator. Interleaved: for each prompt, every format's vanilla then
+    EAGLE, then llama.cpp's vanilla when `llamacpp` (a running interop.llamacpp.LlamaServer) is given."""
     totals = {label: {"vanilla": [0, 0.0], "eagle": [0, 0.0], "steps": [], "identical": 0} for label in gens}
+    other = [0, 0.0]
     for i, ids in enumerate(prompts):
+        if llamacpp is not None:
+            c = llamacpp.complete(ids, max_new_tokens)
+            other[0] += len(c.token_ids)
+            other[1] += c.wall_s
         for label, gen in gens.items():
             out = {}
             for mode in ("vanilla", "eagle"):
@@ -55,6 +64,11 @@ def run(prompts: list[list[int]], gens: dict, max_new_tokens: int, progress=None
                          "speedup_vs_fp32_vanilla": round(tokens / seconds / base_tps, 3),
                          "tau": round(sum(t["steps"]) / len(t["steps"]), 3) if mode == "eagle" and t["steps"] else 1.0,
                          "identical": f"{t['identical']}/{len(prompts)}" if mode == "eagle" else "baseline"})
+    if llamacpp is not None:
+        rows.append({"format": f"llama.cpp {llamacpp.model.name.rsplit('.', 2)[-2]} (its own kernels)",
+                     "method": "vanilla", "tokens_per_s": round(other[0] / other[1], 2),
+                     "speedup_vs_fp32_vanilla": round(other[0] / other[1] / base_tps, 3), "tau": 1.0,
+                     "identical": "another engine"})
     return rows
 
 
@@ -81,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", default="default")
     p.add_argument("--tree", default="auto")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-llamacpp", dest="llamacpp", action="store_false",
+                   help="skip the llama.cpp row (it needs `python -m eaglespec.interop.build_llamacpp` first)")
     p.add_argument("--out", type=Path, default=Path("runs") / f"bench-dtypes-{time.strftime('%Y%m%d-%H%M%S')}")
     args = p.parse_args(argv)
     gens = {}
@@ -92,7 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(gens.values()))
     prompts = [first.encode(messages=[{"role": "user", "content": q.turns[0]}])
                for q in load_questions(MT_BENCH, args.limit)]
-    rows = run(prompts, gens, args.max_new_tokens, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        from ..interop.build_llamacpp import server
+        from ..interop.llamacpp import LlamaServer
+        from ..target import default_gguf_path
+
+        llama = LlamaServer(default_gguf_path(), binary=server()) if args.llamacpp else None
+    except EagleError as exc:
+        say(f"note: no llama.cpp row ({exc})")
+        llama = None
+    if llama is None:
+        rows = run(prompts, gens, args.max_new_tokens, progress=say)
+    else:
+        with llama:
+            rows = run(prompts, gens, args.max_new_tokens, progress=say, llamacpp=llama)
     meta = {"command": "python -m eaglespec.bench.dtypes " + " ".join(argv if argv is not None else sys.argv[1:]),
             "cpu": cpu_identity()["cpu"], "threads": torch.get_num_threads(), "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens,
