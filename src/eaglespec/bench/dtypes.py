@@ -72,6 +72,14 @@ def run(prompts: list[list[int]], gens: dict, max_new_tokens: int, progress=None
     return rows
 
 
+def _tree_line(gen) -> str:
+    if gen.tuned is not None:
+        return gen.tuned.describe().splitlines()[0]
+    tree = gen.tree
+    return "no tree" if tree is None else (f"{tree.num_nodes - 1} draft nodes {[list(p) for p in tree.paths]}"
+                                           if hasattr(tree, "paths") else str(tree))
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"- command: `{meta['command']}`", f"- machine: {meta['cpu']}; threads: {meta['threads']}; "
              f"prompts: {meta['prompts']} (MT-bench first turns); max new tokens: {meta['max_new_tokens']}; greedy",
@@ -103,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, dtype, quantize in formats(args.device):
         gens[label] = EagleGenerator.from_pretrained(None, args.head, args.tree, device=args.device, dtype=dtype,
                                                      quantize=quantize)
-        tuned = gens[label].tuned.describe().splitlines()[0] if gens[label].tuned else f"tree {gens[label].tree}"
-        print(f"{label}: {tuned}", file=sys.stderr, flush=True)
+        print(f"{label}: {_tree_line(gens[label])}", file=sys.stderr, flush=True)
     first = next(iter(gens.values()))
     prompts = [first.encode(messages=[{"role": "user", "content": q.turns[0]}])
                for q in load_questions(MT_BENCH, args.limit)]
@@ -115,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         from ..target import default_gguf_path
 
         llama = LlamaServer(default_gguf_path(), binary=server()) if args.llamacpp else None
+        if llama is not None:  # an idle llama.cpp spins on its cores by default: it would slow our rows
+            llama.cmd += ["--poll", "0"]
     except EagleError as exc:
         say(f"note: no llama.cpp row ({exc})")
         llama = None
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m eaglespec.bench.dtypes " + " ".join(argv if argv is not None else sys.argv[1:]),
             "cpu": cpu_identity()["cpu"], "threads": torch.get_num_threads(), "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens,
-            "trees": {label: (g.tuned.describe().splitlines()[0] if g.tuned else str(g.tree)) for label, g in gens.items()}}
+            "trees": {label: _tree_line(g) for label, g in gens.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
     text = markdown(rows, meta)
     atomic_write_bytes(args.out / "results.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())

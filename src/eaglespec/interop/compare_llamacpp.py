@@ -96,7 +96,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     notes = [
         "",
         f"- {m['date']}; CPU: {m['cpu']} (flags: {', '.join(m['cpu_flags']) or 'none of interest'}); "
-        f"{m['threads']} threads for both engines",
+        f"{m['threads']} threads for both engines; load average (1, 5, 15 min) {m['loadavg']['start']} at the start, "
+        f"{m['loadavg']['end']} at the end",
         f"- prompts: the first {m['questions']} MT-bench questions (turn 1, chat template), "
         f"{m['max_new_tokens']} new tokens at most, greedy",
         f"- llama.cpp: {m['engine']}, target {m['target']} (Q4_1) run as is, draft {m['draft_gguf_name']} "
@@ -151,6 +152,7 @@ def run(args) -> int:
     draft = export_llamacpp(head_dir, out)[0]
     questions = load_questions("mt-bench", args.limit)
 
+    load_start = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else None
     trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     gen = EagleGenerator.from_pretrained(None, str(head_dir), tree="auto" if "auto" in trees else trees[0])
     methods, _ = build_methods(gen, ",".join(["vanilla", *trees]), [], greedy=True)
@@ -203,6 +205,8 @@ def run(args) -> int:
                         cpu=ident["cpu"], cpu_flags=ident["flags"],
                         llama_server={"vanilla": " ".join(plain.cmd), "eagle3": " ".join(drafted.cmd)})
     meta["threads"] = threads
+    # llama.cpp's threads spin at barriers: load from elsewhere costs it far more than torch
+    meta["loadavg"] = {"start": load_start, "end": Path("/proc/loadavg").read_text().split()[:3] if load_start else None}
     table = markdown(rows, meta)
     note = (f"- eaglespec vanilla and llama.cpp vanilla agree on {len(qids) - len(engines_differ)}/{len(qids)} "
             "questions (Q4_1 kernels against dequantized float32)\n")

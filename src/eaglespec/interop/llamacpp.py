@@ -166,6 +166,16 @@ class Completion:
         return (self.prompt_ms + self.predicted_ms) / 1000
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, a server whose parent is killed gets SIGTERM too (a
+    killed benchmark or test leaves no llama-server behind)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -196,7 +206,7 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self._log = open(self.log_path, "ab") if self.log_path else tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
