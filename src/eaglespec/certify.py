@@ -106,17 +106,9 @@ def load_prompts(path: str | Path | None, limit: int | None = None) -> list[str]
 def _read_prompts(path: Path) -> list[str]:
     if not path.is_file():
         raise EagleError(f"prompts file {path} not found: pass a JSONL file, one {{\"prompt\": \"...\"}} per line")
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EagleError(f"{where}: not valid JSON ({exc.msg})") from exc
-            prompts.append(_prompt_text(obj, where))
+    from .files import jsonl_objects
+
+    prompts = [_prompt_text(obj, where) for obj, where in jsonl_objects(path)]
     if not prompts:
         raise EagleError(f"prompts file {path} holds no prompts: one {{\"prompt\": \"...\"}} per line")
     return prompts

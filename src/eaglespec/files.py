@@ -33,3 +33,21 @@ def atomic_path(path: Path):
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_bytes(data)
+
+
+def jsonl_objects(path, opener=open):
+    """Yield (object, "FILE, line N") for each non-blank line of a JSONL file; a line that is not
+    JSON is an EagleError naming the file and the line."""
+    import json
+
+    from .errors import EagleError
+
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                yield json.loads(line), where
+            except json.JSONDecodeError as exc:
+                raise EagleError(f"{where}: not valid JSON ({exc.msg})") from exc

@@ -200,3 +200,26 @@ def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, Num
     why = ("the fastest with exact trees" if chosen in usable else
            "no dtype verifies 2 tokens exactly on this machine: trees need --allow-inexact")
     return candidates[chosen], reports[chosen], f"dtype auto: {chosen} ({why}; {facts})"
+
+
+def main() -> None:
+    """`python -m eaglespec.numerics`: the invariance table of docs/numerics.md for the default
+    model, in every format this machine runs (cached measurements are reused)."""
+    from .quant import quantize_target
+    from .target import load_target, native_bf16_cpu
+
+    formats = [("float32", torch.float32, None), ("int8 weight-only (fp32 compute)", torch.float32, "int8")]
+    if native_bf16_cpu():
+        formats.insert(1, ("bfloat16", torch.bfloat16, None))
+    print("| dtype | " + " | ".join(str(q) for q in SIZES) + " | exact up to |")
+    print("|---|" + "---|" * len(SIZES) + "---:|")
+    for label, dtype, quantization in formats:
+        target = load_target(None, dtype)
+        quantize_target(target, quantization)
+        report = numerics_for(target)
+        cells = " | ".join(f"{r.max_diff:.2g}{'' if r.exact else ' ✗'}" for r in report.rows)
+        print(f"| {label} | {cells} | {report.largest_exact()} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

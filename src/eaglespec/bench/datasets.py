@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EagleError
+from ..files import jsonl_objects
 
 MT_BENCH = "mt-bench"
 HUMANEVAL = "humaneval"
@@ -64,31 +64,14 @@ def load_jsonl(path: str | Path) -> list[Question]:
     if not path.is_file():
         raise EagleError(f"question file {path} not found (datasets: {', '.join(DATASETS)}, or a question.jsonl path)")
     opener = gzip.open if path.suffix == ".gz" else open
-    questions = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EagleError(f"{where}: not valid JSON ({exc.msg})") from exc
-            questions.append(_question(obj, where))
+    questions = [_question(obj, where) for obj, where in jsonl_objects(path, opener)]
     if not questions:
         raise EagleError(f"{path} holds no questions")
     return questions
 
 
 def load_humaneval() -> list[Question]:
-    path = humaneval_path()
-    questions = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                obj = json.loads(line)
-                questions.append(Question(obj["task_id"], "coding", (obj["prompt"],)))
-    return questions
+    return [Question(obj["task_id"], "coding", (obj["prompt"],)) for obj, _ in jsonl_objects(humaneval_path(), gzip.open)]
 
 
 def load_questions(dataset: str, limit: int | None = None) -> list[Question]:
