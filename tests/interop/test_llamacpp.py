@@ -124,6 +124,8 @@ def test_llama_server_greedy_with_our_draft_equals_without(built, draft_gguf, pr
         assert d.steps > 0 and d.steps <= d.drafted <= N_DRAFT * d.steps and 0 <= d.accepted <= d.drafted
         assert d.decodes >= d.steps + 1  # the prefill, a forward per verification step, one per step without a draft
     accepted, proposed = sum(d.accepted for d in drafted), sum(d.drafted for d in drafted)
-    # a wrong layer id, d2t or RoPE base leaves the draft near-random: almost nothing accepted
-    assert accepted / proposed > 0.1, f"llama.cpp accepted {accepted}/{proposed} draft tokens of our head"
+    # this head is accepted ~10% a token in llama.cpp; with a d2t that maps draft ids to the wrong
+    # target tokens 0%. (Layer ids shifted by one or RoPE base 10000 instead of 100000 moved it by
+    # under a point on 3 MT-bench prompts: the field test above pins those.)
+    assert accepted / proposed > 0.05, f"llama.cpp accepted {accepted}/{proposed} draft tokens of our head"
     assert "draft acceptance" in (tmp_path / "eagle3.log").read_text(errors="replace")
