@@ -42,7 +42,7 @@ def test_the_saved_config_has_nothing_a_reader_can_misread(tmp_path):
     cfg.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf", "dequantize": False}
     cfg.tie_word_embeddings = True
     cfg.rope_parameters = {"rope_type": "default", "rope_theta": 100000.0}
-    cfg._name_or_path = "/home/someone/models/x"
+    cfg._name_or_path = "someone/model-x"  # what from_pretrained records; a reader must not see it
     EagleHead(cfg).save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert "quantization_config" not in saved and "_name_or_path" not in saved

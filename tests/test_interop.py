@@ -144,7 +144,7 @@ def official_model(directory):
     except KeyError:
         bias = True
     model = cnets.Model(config, bias=bias)
-    model.load_state_dict(torch.load(directory / "pytorch_model.bin", map_location="cpu"), strict=True)
+    model.load_state_dict(torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True), strict=True)
     return model.double().eval()
 
 

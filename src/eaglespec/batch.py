@@ -205,15 +205,17 @@ class Batch:
         tree, or one token left) verifies its root alone: its draft is computed and dropped, which
         keeps the head's cache in step with the others."""
         seqs = self.sequences
-        root_only = [DraftTree(torch.tensor([s.root], device=self.target.device), _ROOT_ONLY) for s in seqs]
         if drafter is None:
-            return root_only
+            return [self._root_only(s) for s in seqs]
         trees = drafter.draft_rows(self._draft, [s.pending_tokens for s in seqs],
                                    [s.pending_hidden for s in seqs], [s.root for s in seqs])
         room = self.target.max_context - drafter.max_nodes
         lens = self._rows.lens.tolist()
-        return [tree if lens[r] <= room and s.produced + 1 < s.budget else root_only[r]
+        return [tree if lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s)
                 for r, (s, tree) in enumerate(zip(seqs, trees))]
+
+    def _root_only(self, seq: Sequence) -> DraftTree:
+        return DraftTree(torch.tensor([seq.root], device=self.target.device), _ROOT_ONLY)
 
 
 def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
