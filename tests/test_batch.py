@@ -233,3 +233,33 @@ def test_bench_batch_measures_each_size_side_by_side(tmp_path):
     assert "| 3 |" in markdown(rows, meta)
     plot(rows, tmp_path / "batch.png")
     assert (tmp_path / "batch.png").stat().st_size > 0
+
+
+def test_batched_acceptance_equals_decoding_each_prompt_alone(tmp_path):
+    """`python -m eaglespec.bench.acceptance` measures tau in batches: each step's accepted length must
+    be the one decoding the prompt alone gives, and every output is checked against vanilla."""
+    from eaglespec.bench.acceptance import main, markdown, measure
+
+    target = tiny_target("llama")
+    head = random_head(target, seed=3)
+    h = target.config.hidden_size
+    with torch.no_grad():  # a head that drafts "the last token again": tiny random models repeat, so it is accepted
+        head.fc.weight.zero_(), head.fc.bias.zero_(), head.fc.weight[:, h:].copy_(torch.eye(h))
+        head.decoder.layers[0].self_attn.o_proj.weight.zero_(), head.decoder.layers[0].mlp.down_proj.weight.zero_()
+    gen = EagleGenerator(target, head, "eagle1")
+    trees = ["eagle1", "chain:3"]
+    rows, vanilla_tokens = measure(gen, PROMPTS, trees, batch=3, max_new_tokens=12)
+    assert vanilla_tokens == sum(len(gen.generate(input_ids=p, max_new_tokens=12, speculative=False).token_ids)
+                                 for p in PROMPTS)
+    for tree, row in zip(trees, rows):
+        alone_steps = [s for p in PROMPTS
+                       for s in gen.generate(input_ids=p, max_new_tokens=12, tree=tree).steps]
+        assert row["steps"] == len(alone_steps) and row["identical"] == row["prompts"] == len(PROMPTS)
+        assert row["tau"] == pytest.approx(sum(s.emitted for s in alone_steps) / len(alone_steps), abs=1e-3)
+        assert len(row["n_alpha"]) == 4
+    assert rows[0]["tau"] > 1.3  # drafts were accepted: the comparison above is not of empty steps
+    text = markdown(rows, {"head": "h", "dataset": "d", "prompts": 4, "command": "x", "max_new_tokens": 12,
+                           "batch": 3, "vanilla_tokens": vanilla_tokens})
+    assert "| `chain:3` |" in text and "4/4" in text
+    with pytest.raises(SystemExit):  # auto depends on the batch size: refused with a message
+        main(["--trees", "auto", "--out", str(tmp_path)])

@@ -101,6 +101,17 @@ def test_resume_is_bit_exact(target, dataset, tmp_path):
     assert whole.history == cut.history and whole.steps == cut.steps == 6
 
 
+def test_train_examples_cuts_the_training_split_and_keeps_the_held_out_one(target, dataset, tmp_path):
+    whole = Trainer(target, dataset, TrainConfig(eval_fraction=0.2), tmp_path / "a", progress=False)
+    part = Trainer(target, dataset, TrainConfig(eval_fraction=0.2, train_examples=3), tmp_path / "b", progress=False)
+    assert part.eval_idx == whole.eval_idx and part.train_idx == whole.train_idx[:3]
+    assert part.steps_per_epoch == 1 and whole.steps_per_epoch == 1  # 3 and 8 sequences at grad_accum 8
+    with pytest.raises(EagleError, match="--train-examples 9 is more than the 8 examples"):
+        Trainer(target, dataset, TrainConfig(eval_fraction=0.2, train_examples=9), tmp_path / "c", progress=False)
+    with pytest.raises(EagleError, match="train_examples=0"):
+        TrainConfig(train_examples=0)
+
+
 def test_output_directory_rules(target, dataset, tmp_path):
     config = TrainConfig(max_steps=1, grad_accum=2, eval_fraction=0.2)
     train(target, dataset, config, tmp_path, progress=False)

@@ -146,6 +146,9 @@ class TrainConfig:
                                   "FR-Spec); default: the full vocabulary, as the paper. About 6x less LM-head work")
     eval_fraction: float = _opt(0.05, "fraction of examples held out for evaluation")
     eval_depths: int = _opt(4, "report teacher-forced top-1 accuracy at draft depths 1..N")
+    train_examples: int | None = _opt(None, "train on only the first N examples of the training split (in data "
+                                      "order); the held-out split stays the one of the whole data set, so runs "
+                                      "on several data sizes are evaluated on the same examples (default: all)")
     max_steps: int | None = _opt(None, "stop after this many optimizer steps in total (default: all epochs)")
     time_limit: float | None = _opt(None, "stop after this many minutes of training in this run (checked after every "
                                     "optimizer step), then evaluate and save the head and a checkpoint: the same "
@@ -175,6 +178,8 @@ class TrainConfig:
             raise EagleError(f"loss_vocab={self.loss_vocab}: pass a positive count or leave it unset")
         if self.time_limit is not None and self.time_limit <= 0:
             raise EagleError(f"time_limit={self.time_limit}: pass a positive number of minutes or leave it unset")
+        if self.train_examples is not None and self.train_examples < 1:
+            raise EagleError(f"train_examples={self.train_examples}: pass a positive count or leave it unset")
         if self.max_steps is not None and self.max_steps < 1:
             raise EagleError(f"max_steps={self.max_steps}: pass a positive count or leave it unset")
 

@@ -159,6 +159,11 @@ class Trainer:
         self.data_info = {"examples": len(dataset), **(data_info or {})}
         target.model.requires_grad_(False)
         self.train_idx, self.eval_idx = split(len(dataset), config.eval_fraction, config.seed)
+        if config.train_examples is not None:
+            if config.train_examples > len(self.train_idx):
+                raise EagleError(f"--train-examples {config.train_examples} is more than the {len(self.train_idx)} "
+                                 "examples of the training split: pass a smaller count or leave it unset")
+            self.train_idx = self.train_idx[:config.train_examples]
         if not self.train_idx:
             raise EagleError("no training examples left after the held-out split: lower --eval-fraction")
         self.steps_per_epoch = math.ceil(len(self.train_idx) / config.grad_accum)
