@@ -165,6 +165,28 @@ def test_generate_batch_api():
         assert result.steps and result.elapsed > 0
 
 
+def test_copies_of_a_prompt_share_one_prefill_and_sample_as_if_prefilled_alone(monkeypatch):
+    """generate_batch prefills a repeated prompt once and copies its cache (certify's draws): the
+    samples are the ones separate prefills give, seed for seed."""
+    target = tiny_target("qwen2")
+    gen = EagleGenerator(target, random_head(target), "eagle1")
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[2]] * 2 + [PROMPTS[0]]
+    calls = []
+    forward_states = target.forward_states
+    monkeypatch.setattr(target, "forward_states", lambda ids, *a, **k: calls.append(ids.shape) or forward_states(ids, *a, **k))
+    shared = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set())
+    prefills = [c for c in calls if c[1] > 1]
+    assert [c[1] for c in prefills] == [len(PROMPTS[0]), len(PROMPTS[2]), len(PROMPTS[0])]
+    monkeypatch.setattr(target, "forward_states", forward_states)
+    from eaglespec.batch import Batch
+
+    add = Batch.add
+    monkeypatch.setattr(Batch, "add", lambda self, *a, keep_prefill=False, **k: add(self, *a, **k))  # no sharing
+    separate = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set())
+    assert [r.token_ids for r in shared] == [r.token_ids for r in separate]
+    assert len({tuple(r.token_ids) for r in shared[:3]}) > 1  # the copies did sample differently
+
+
 # ---- sampling: the target's distribution, in a batch ---------------------------------------------
 def test_sampling_in_a_batch_keeps_the_target_distribution():
     """A sequence's second token (its first verified one) follows the target's marginal

@@ -19,6 +19,8 @@ and `eaglespec certify` measure.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -85,6 +87,7 @@ class Batch:
         self.sequences: list[Sequence] = []
         self._rows: RowCache | None = None       # the target's KV cache, one row per sequence
         self._draft = drafter.new_state(0) if drafter else None
+        self._kept: tuple[tuple[int, ...], object, object] | None = None  # (prompt, cache, states): add(keep_prefill=True)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -92,9 +95,12 @@ class Batch:
     # -- joining and leaving ------------------------------------------------------------------
     @torch.no_grad()
     def add(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-            stops: set[int] = frozenset()) -> tuple[Sequence, StepOutput]:
+            stops: set[int] = frozenset(), keep_prefill: bool = False) -> tuple[Sequence, StepOutput]:
         """Prefill a prompt alone, choose its first token and join the batch. Returns the handle
-        and that first output (already finished when it is a stop or the budget is one token)."""
+        and that first output (already finished when it is a stop or the budget is one token).
+        keep_prefill: keep a copy of this prompt's cache so that the next `add` of the same prompt
+        copies it instead of running the target again (many samples of one prompt); the copy is
+        dropped by the next add of another prompt or without keep_prefill."""
         target = self.target
         if max_new_tokens <= 0:
             raise EagleError(f"max_new_tokens must be > 0, got {max_new_tokens}")
@@ -111,8 +117,17 @@ class Batch:
         else:
             generator.seed()
         ids = torch.tensor(input_ids, device=target.device)
-        cache = target.new_cache()
-        states = target.forward_states(ids[None], cache, layers=self.layers)
+        key = tuple(input_ids)
+        kept = self._kept is not None and self._kept[0] == key
+        if kept:
+            cache, states = copy.deepcopy(self._kept[1]), self._kept[2]  # the same tensors a prefill would give
+        else:
+            cache = target.new_cache()
+            states = target.forward_states(ids[None], cache, layers=self.layers)
+        if not keep_prefill:
+            self._kept = None
+        elif not kept:
+            self._kept = (key, copy.deepcopy(cache), states)
         root = _choose(target.logits(states.features[0, -1:]), sampling, generator)
         seq = Sequence(n, min(max_new_tokens, target.max_context - n), sampling, generator, set(stops), root,
                        torch.cat([ids[1:], torch.tensor([root], device=target.device)]), states.hidden[0])

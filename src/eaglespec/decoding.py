@@ -266,7 +266,8 @@ class EagleGenerator:
         owner = {}
         for i, ids in enumerate(input_ids):
             sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i)
-            seq, first = batch.add(list(ids), max_new_tokens, sampling, stops)
+            again = i + 1 < len(input_ids) and list(input_ids[i + 1]) == list(ids)  # copies share one prefill
+            seq, first = batch.add(list(ids), max_new_tokens, sampling, stops, keep_prefill=again)
             results[i].add(first)
             owner[id(seq)] = i
         while len(batch):

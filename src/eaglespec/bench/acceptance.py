@@ -84,6 +84,7 @@ def main(argv=None) -> int:
         if not trees or "auto" in trees:
             raise EagleError("--trees: give fixed trees such as 'eagle1;dynamic' (auto depends on the batch size)")
         questions = load_questions(args.dataset, args.limit)
+        args.tree = trees[0]  # fixed trees: nothing to tune
         gen = load_generator(args, max_batch=args.batch)
         prompts = [gen.encode(messages=[{"role": "user", "content": user_message(q, 0, args.dataset, True)}])
                    for q in questions]
