@@ -113,6 +113,16 @@ def test_sharegpt_and_openai_files_give_the_same_examples(tokenizer, tmp_path):
     assert masked_runs(tokenizer, a[0]) == ["Hello there<|im_end|>"]
 
 
+def test_jsonl_lines_end_at_newline_only(tokenizer, tmp_path):
+    """A reply holding U+2028 (a line separator to str.splitlines) written raw, as json.dumps(...,
+    ensure_ascii=False) and eaglespec distill write it, is one record, not a broken line."""
+    row = {"messages": [{"role": "user", "content": "Hi\u2029there"}, {"role": "assistant", "content": "a\u2028b\x85c"}]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n" + json.dumps(row) + "\r\n", encoding="utf-8")
+    examples, summary = load_examples(tokenizer, DataConfig(data=str(path)))
+    assert summary.examples == 2 and torch.equal(examples[0].input_ids, examples[1].input_ids)
+
+
 def test_length_limit_and_skip_counts(tokenizer, tmp_path):
     long_reply = " ".join(["word"] * 200)
     rows = [

@@ -69,7 +69,7 @@ class Journal:
             with open(self.path, "r+b") as f:
                 f.truncate(len(whole))
         if whole:
-            lines = whole.decode("utf-8").splitlines()
+            lines = whole.decode("utf-8").split("\n")[:-1]  # "\n" only: a string may hold U+2028
             found = _json_line(lines[0])
             if found is None or "settings" not in found:
                 raise EagleError(f"{self.path} is not a bench journal: delete it or choose another --out")

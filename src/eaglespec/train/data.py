@@ -115,7 +115,9 @@ def read_records(source: str) -> tuple[list, bool]:
 def _read_jsonl(path: Path, text: str | None = None) -> list:
     records = []
     text = path.read_text(encoding="utf-8") if text is None else text
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # JSONL lines end at "\n" only: str.splitlines() would also cut at U+2028 and other separators,
+    # which json.dumps(ensure_ascii=False) leaves raw inside strings (ShareGPT has them)
+    for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 records.append(json.loads(line))
