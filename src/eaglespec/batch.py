@@ -20,7 +20,6 @@ and `eaglespec certify` measure.
 from __future__ import annotations
 
 import copy
-
 from dataclasses import dataclass
 from typing import Callable
 

@@ -149,8 +149,7 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
     out.mkdir(parents=True, exist_ok=True)
     chats = select(target.tokenizer, DistillConfig(data="sharegpt", max_examples=conversations, max_length=prompt_length,
                                                    overflow="skip", max_turns=1), DataSummary())
-    prompts = [prompt_ids(target.tokenizer, m[:next(i for i, x in enumerate(m) if x["role"] == "assistant")])
-               for m in chats]
+    prompts = [prompt_ids(target.tokenizer, m[:-1]) for m in chats]  # max_turns=1: each ends at its first reply
     info = {"gguf": split_file(gguf, out), "target": target.identity(),
             "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
                      "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()},
