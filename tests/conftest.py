@@ -63,9 +63,11 @@ def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def _cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Measured cost curves (tuning.cache_dir) go to a fresh folder per test, never into the
-    user's cache, and no test inherits a retune request from the shell."""
+    user's cache, no test inherits a retune request from the shell, and decoding is eager unless
+    a test asks for the compiled step (compiling takes seconds to minutes)."""
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path_factory.mktemp("eaglespec-cache")))
     monkeypatch.delenv("EAGLESPEC_RETUNE", raising=False)
+    monkeypatch.setenv("EAGLESPEC_COMPILE", "off")  # eager unless a test asks for the compiled path
 
 
 @pytest.fixture(autouse=True)

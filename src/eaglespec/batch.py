@@ -28,7 +28,6 @@ import torch
 from .config import SamplingParams
 from .draft.drafter import Drafter, DraftTree
 from .errors import EagleError
-from .kv_cache import RowCache
 from .sampling import logits_to_probs, sample
 from .target import TargetModel
 from .tree import buffers_from_parents
@@ -84,7 +83,7 @@ class Batch:
         self.choose = choose or (lambda size: drafter)
         self.layers = drafter.hidden_layers if drafter else None
         self.sequences: list[Sequence] = []
-        self._rows: RowCache | None = None       # the target's KV cache, one row per sequence
+        self._rows = None  # the target's KV cache, one row per sequence (kv_cache.RowCache or its compiled twin)
         self._draft = drafter.new_state(0) if drafter else None
         self._kept: tuple[tuple[int, ...], object, object] | None = None  # (prompt, cache, states): add(keep_prefill=True)
 
@@ -134,7 +133,7 @@ class Batch:
         first = StepOutput([root], StepStats(0, 1, n), seq.finish_reason)
         if seq.done:
             return seq, first
-        rows = RowCache(cache, [n])
+        rows = target.start_rows(cache, [n], n + seq.budget + (self.drafter.max_nodes if self.drafter else 1))
         if self.drafter is not None:
             # the prompt's pairs go into a one-row head state now; only the root's pair stays pending
             state = self.drafter.new_state(1)
@@ -184,10 +183,7 @@ class Batch:
             tree_mask[r, :size, :size] = t.buffers.tree_mask.cpu()
             depth[r, :size] = t.buffers.tree_position_ids.cpu()
         start = rows.length
-        states = target.forward_rows(tokens, rows, tree_mask, depth, self.layers)
-        # the LM head only for real nodes: it is a large share of a small model's forward
-        flat = torch.cat([states.features[r, :size] for r, size in enumerate(sizes)])
-        all_logits = target.logits(flat).split(sizes)
+        states, all_logits = target.verify_rows(tokens, rows, tree_mask, depth, sizes, self.layers)
         outputs, paths = [], []
         for r, (seq, tree, logits) in enumerate(zip(seqs, trees, all_logits)):
             acc = _verify(tree, logits, seq.sampling, seq.generator)

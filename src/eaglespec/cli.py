@@ -28,6 +28,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
                    help="int8: weight-only int8 target (the verifier is the quantized model; EAGLE equals its "
                         "vanilla decoding); int8-dynamic is refused (not batch-invariant)")
+    p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
+                   help="auto (default; also EAGLESPEC_COMPILE): the target's decoding steps through torch.compile "
+                        "where a C++ compiler (CPU) or CUDA is there, cached on disk; off: eager kernels; on: "
+                        "compiled or a clear error")
     p.add_argument("--allow-inexact", action="store_true",
                    help="let --tree auto use tree sizes whose verification differs from one-token decoding by more "
                         "than fp32 summation order: lossless up to floating-point rounding, as GPU engines")
@@ -54,6 +58,9 @@ def check_model_args(args) -> None:
         from .numerics import check_dtype_runs
 
         check_dtype_runs(args.dtype, args.device)
+    from .compiled import compile_mode, resolve_mode
+
+    resolve_mode(compile_mode(args.compile, args.quantize), check_device(args.device))
     if args.quantize == "int8-dynamic":
         from .quant import quantize_target
 
@@ -75,7 +82,8 @@ def load_generator(args, max_batch: int = 1):
     head = None if args.head == "none" else args.head
     gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device, retune=args.retune,
                                          max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
-                                         allow_inexact=args.allow_inexact)
+                                         allow_inexact=args.allow_inexact, compile=args.compile)
+    print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
     if gen.numerics_note:
         print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)
     if gen.head_note:

@@ -86,6 +86,7 @@ class EagleGenerator:
         self.tuned = None  # the TunedTree when tree='auto' was tuned
         self.numerics = None  # numerics.NumericsReport: batch invariance in this dtype, when measured
         self.numerics_note = ""  # what dtype 'auto' chose and why
+        self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
 
@@ -94,7 +95,7 @@ class EagleGenerator:
                         device: str = "cpu", dtype: torch.dtype | str | None = None,
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
                         max_batch: int = 1, quantize: str | None = None,
-                        allow_inexact: bool = False) -> "EagleGenerator":
+                        allow_inexact: bool = False, compile: str | None = None) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
@@ -107,7 +108,9 @@ class EagleGenerator:
         or None (float32 on a CPU, bfloat16 on CUDA). quantize: None or 'int8' (quant.py: a
         weight-only int8 target, which is then the verifier). allow_inexact: let tree='auto' use
         tree sizes whose verification differs from one-at-a-time decoding by more than fp32
-        summation order ("lossless up to floating-point rounding"; numerics.py).
+        summation order ("lossless up to floating-point rounding"; numerics.py). compile: 'auto'
+        (where a C++ compiler or CUDA is there), 'on', 'off' (eager kernels), or None: the
+        EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
@@ -133,6 +136,9 @@ class EagleGenerator:
         from .numerics import DTYPES, check_dtype_runs, choose_dtype, numerics_for, parse_dtype
         from .quant import quantize_target
 
+        from .compiled import compile_mode, use_compiled
+
+        compile = compile_mode(compile, quantize)
         if isinstance(dtype, str):
             parse_dtype(dtype)
             if dtype != "auto":
@@ -147,10 +153,11 @@ class EagleGenerator:
             tm, numerics, numerics_note = choose_dtype(tm, device, retune)
         elif tree == "auto" and head is not None:
             numerics = numerics_for(tm, retune=retune)
+        compile_note = use_compiled(tm, compile)
         note = ""
         if head is None:
             gen = cls(tm, None, "none" if tree == "auto" else tree)
-            gen.numerics, gen.numerics_note = numerics, numerics_note
+            gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             return gen
         if head == "default":
             head_dir = default_dir
@@ -170,7 +177,7 @@ class EagleGenerator:
         model = model.to(device=tm.device, dtype=tm.dtype)
         gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
                   head_dir=head_dir)
-        gen.numerics, gen.numerics_note = numerics, numerics_note
+        gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
         if tree == "auto":
             limit = None if allow_inexact or numerics is None else numerics.largest_exact()
             use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)

@@ -96,21 +96,13 @@ class RowCache:
             crop(self.cache, start + max(counts))  # chains on rows of equal length: a plain crop
             self.lens += torch.tensor(counts)
             return
-        width = max(counts)
-        src = torch.zeros(len(paths), width, dtype=torch.long)
-        for r, p in enumerate(paths):
-            src[r, : p.numel()] = p.cpu() + start
-        dst = self.lens[:, None] + torch.arange(width)[None]  # [B, width]; pads land past the row's new length
+        tensors = []
         for layer in self.cache.layers:
             if type(layer) is not DynamicLayer:
                 raise EagleError(f"cannot compact a {type(layer).__name__} cache layer; only full (DynamicLayer) caches are supported")
-            if layer.keys is None:
-                continue
-            for name in ("keys", "values"):
-                t = getattr(layer, name)  # [B, heads, S, d]
-                shape = (t.shape[0], t.shape[1], width, t.shape[3])
-                moved = t.gather(2, src.to(t.device)[:, None, :, None].expand(shape))
-                t.scatter_(2, dst.to(t.device)[:, None, :, None].expand(shape), moved)
+            if layer.keys is not None:
+                tensors += [layer.keys, layer.values]
+        move_paths(tensors, self.lens, start, paths)
         self.lens += torch.tensor(counts)
         crop(self.cache, int(self.lens.max()))
 
@@ -143,6 +135,21 @@ class RowCache:
                 a, b = _pad_slots(getattr(mine, name), length), _pad_slots(getattr(theirs, name), length)
                 setattr(mine, name, torch.cat([a, b], dim=0))
         self.lens = torch.cat([self.lens, other.lens])
+
+
+def move_paths(tensors: list[torch.Tensor], lens: torch.Tensor, start: int, paths: list[torch.Tensor]) -> None:
+    """In each [B', heads, S, d] tensor (B' >= B rows; extra rows untouched): row r's entries at
+    start + paths[r] move, in path order, to directly after its lens[r] entries."""
+    n, width = len(paths), max(p.numel() for p in paths)
+    src = torch.zeros(n, width, dtype=torch.long)
+    for r, p in enumerate(paths):
+        src[r, : p.numel()] = p.cpu() + start
+    dst = lens[:, None] + torch.arange(width)[None]  # [B, width]; pads land past the row's new length
+    for t in tensors:
+        rows = t[:n]
+        shape = (n, t.shape[1], width, t.shape[3])
+        moved = rows.gather(2, src.to(t.device)[:, None, :, None].expand(shape))
+        rows.scatter_(2, dst.to(t.device)[:, None, :, None].expand(shape), moved)
 
 
 def _pad_slots(t: torch.Tensor, length: int) -> torch.Tensor:

@@ -106,6 +106,7 @@ class TargetModel:
         self.hidden_size = self.config.hidden_size
         self.vocab_size = self.lm_head.weight.shape[0]
         self.max_context = int(getattr(self.config, "max_position_embeddings", 0) or 2048)
+        self.steps = EagerSteps(self)  # the decoding step's backend; compiled.use_compiled swaps it
 
     # -- identity -----------------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -174,6 +175,16 @@ class TargetModel:
         mask = rows_tree_mask(rows.valid(past, self.device), tree_mask.to(self.device), self.dtype)
         positions = rows.lens.to(self.device)[:, None] + tree_position_ids.to(self.device)
         return self._run(input_ids, mask, positions, rows.cache, layers)
+
+    # -- the decoding step, through the backend (eager here, compiled.CompiledSteps) -----------
+    def start_rows(self, cache, lens: list[int], slots: int):
+        """A prefill's cache -> the rows the decoding steps run on, with room for `slots` slots."""
+        return self.steps.start_rows(cache, lens, slots)
+
+    def verify_rows(self, input_ids: torch.Tensor, rows, tree_mask: torch.Tensor, tree_position_ids: torch.Tensor,
+                    sizes: list[int], layers: tuple[int, ...] | None = None) -> tuple["TargetStates", list[torch.Tensor]]:
+        """`forward_rows` plus the float32 logits [sizes[r], V] of each row's real nodes."""
+        return self.steps.verify_rows(input_ids, rows, tree_mask, tree_position_ids, sizes, layers)
 
     def _run(self, input_ids, mask, positions, cache, layers) -> "TargetStates":
         out = self.decoder(
@@ -248,6 +259,28 @@ class TargetModel:
             raise
         except Exception as exc:  # an architecture that rejects 4D masks / position ids fails here
             raise EagleError(f"{self.config.model_type}: tree forward failed ({type(exc).__name__}: {exc}); this model is not supported") from exc
+
+
+class EagerSteps:
+    """The decoding step on the stock eager forward, over a DynamicCache (kv_cache.RowCache)."""
+
+    name = "eager"
+
+    def __init__(self, target: TargetModel):
+        self.target = target
+
+    def start_rows(self, cache, lens: list[int], slots: int) -> RowCache:
+        return RowCache(cache, lens)
+
+    def tree_sizes(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """The draft-node counts worth measuring for --tree auto: all of them."""
+        return sizes
+
+    def verify_rows(self, input_ids, rows: RowCache, tree_mask, tree_position_ids, sizes: list[int], layers=None):
+        states = self.target.forward_rows(input_ids, rows, tree_mask, tree_position_ids, layers)
+        # the LM head only for real nodes: it is a large share of a small model's forward
+        flat = torch.cat([states.features[r, :n] for r, n in enumerate(sizes)])
+        return states, list(self.target.logits(flat).split(sizes))
 
 
 def check_device(name: str, fix: str = "pass --device cpu, or cuda[:N] on a machine with an NVIDIA GPU") -> torch.device:

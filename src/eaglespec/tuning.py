@@ -138,24 +138,22 @@ def _timed(fn, reps: int) -> float:
 def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 3,
                        batch: int = 1) -> tuple[float, dict[int, tuple[float, float]]]:
     """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}) for `batch` sequences of
-    `context` cached tokens each, through the batched step's own code (RowCache, forward_rows)."""
-    from .kv_cache import RowCache
-
+    `context` cached tokens each, through the batched step's own code (the target's backend:
+    start_rows, verify_rows), so a compiled target is measured compiled."""
     target = gen.target
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     cache = target.new_cache()
     layers = gen.head.hidden_layers
     features = target.forward_states(prompt.expand(batch, -1), cache, layers=layers).hidden[0]  # what the head reads
-    rows = RowCache(cache, [context] * batch)
+    rows = target.start_rows(cache, [context] * batch, context + max([1, *(t.num_nodes for t in trees.values())]))
 
     def verify(tree: StaticTree | None):
         n = 1 if tree is None else tree.num_nodes
         tokens = torch.randint(0, target.vocab_size, (batch, n), generator=g)
         mask = torch.ones(1, 1, dtype=torch.bool) if tree is None else tree.buffers.tree_mask
         depth = torch.zeros(1, dtype=torch.long) if tree is None else tree.buffers.tree_position_ids
-        states = target.forward_rows(tokens, rows, mask.expand(batch, n, n), depth.expand(batch, n), layers)
-        target.logits(states.features.flatten(0, 1))
+        target.verify_rows(tokens, rows, mask.expand(batch, n, n), depth.expand(batch, n), [n] * batch, layers)
         rows.crop(context)
 
     vanilla = _timed(lambda: verify(None), reps)
@@ -224,6 +222,7 @@ def cost_key(gen) -> dict:
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "eaglespec": __version__,
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."), "quantization": target.quantization,
+            "steps": target.steps.name,
             "head": _head_architecture(gen), "context": COST_CONTEXT}
 
 
@@ -402,7 +401,8 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
         gen.tree, gen.tuned = parse_tree("eagle1"), None
         return
-    sizes = SIZES if max_tokens is None else tuple(n for n in SIZES if n + 1 <= max_tokens)
+    allowed = SIZES if max_tokens is None else tuple(n for n in SIZES if n + 1 <= max_tokens)
+    sizes = gen.target.steps.tree_sizes(allowed)
     if not sizes:  # not even one draft node verifies exactly in this dtype
         note = (f"--tree auto: in {str(gen.target.dtype).removeprefix('torch.')} no tree verifies exactly on this "
                 "machine (numerics.py), so no drafts; --allow-inexact accepts rounding-level differences")
@@ -411,7 +411,7 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int
         return
     gen.tuned = tune(gen, stats, sizes=sizes, cache=cache_dir(), retune=retune or retune_requested(),
                      max_batch=max_batch)
-    if max_tokens is not None and max(sizes) < max(SIZES):
+    if max_tokens is not None and max(allowed) < max(SIZES):
         gen.tuned = replace(gen.tuned, costs_source=f"{gen.tuned.costs_source}\ntrees up to {max(sizes)} draft nodes: "
                             f"larger ones do not verify exactly in {str(gen.target.dtype).removeprefix('torch.')} here "
                             "(--allow-inexact lifts this)")

@@ -1,0 +1,373 @@
+"""The compiled backend of the target adapter: the stock HF forward through `torch.compile`
+(inductor, max-autotune GEMMs, frozen weights) over a static KV cache of ours.
+
+Why: on a CPU the eager kernels decide whether EAGLE wins. MKL's one-row GEMV streams the weights
+at half the DRAM bandwidth and its few-row GEMM at a quarter, so verifying 2-8 tokens costs
+1.7-2x a single-token step; inductor's C++ micro-kernel GEMMs over pre-packed (frozen) weights run
+near the bandwidth floor with a nearly flat cost up to 4-8 rows (docs/benchmarks.md). The price is
+compile time, so the set of graphs is small and fixed, one per bucket of
+
+* query length (QUERY_BUCKETS: a tree is padded to the next one; padding nodes see only
+  themselves, as the batch's padding already does),
+* rows (BATCH_BUCKETS: padding rows are never read),
+* cache length (CACHE_BUCKETS: the static buffers are sized, when a sequence joins, to hold its
+  prompt, its budget and a tree, so a step reads a cache sized to its context, not the model's,
+  and a generation never changes bucket midway).
+
+Prefill stays eager: a prompt's hundreds of rows are compute-bound GEMMs, where MKL is at its
+best, and compiling every prompt length would mean a graph per length. Its keys and values are
+copied into the static buffers. Every decoding step, vanilla (q = 1) and verification (q = the
+tree's bucket), runs compiled.
+
+The cache is a class of ours, not transformers' StaticCache: that cache's layers write new keys at
+their own running length (`cumulative_length`), whereas verification writes q speculative entries
+after the used slots and keeps a few, moved into place after acceptance (`StaticRows.keep_paths`,
+the gather/scatter of kv_cache.RowCache). HF's attention layers only call
+`cache.update(k, v, layer_idx)`, which `_SlotWriter` answers by writing at the step's slots and
+returning the whole buffers; the 4D mask says which slots each query sees.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .attention import additive_mask
+from .errors import EagleError
+from .kv_cache import RowCache, move_paths
+
+QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CACHE_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+MODES = ("auto", "on", "off")
+AUTO_TOKENS = 16  # --tree auto measures compiled trees of up to this many tokens (4 graphs: 2, 4, 8, 16)
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket holding n."""
+    for b in buckets:
+        if n <= b:
+            return b
+    raise EagleError(f"{n} is beyond the compiled path's largest bucket ({buckets[-1]}); use --compile off")
+
+
+def compiler_problem() -> str | None:
+    """Why inductor's C++ backend cannot run here, or None: it needs a C++ compiler ($CXX, else
+    g++ or c++ on PATH)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
+    if not any(shutil.which(n) for n in names):
+        return f"no C++ compiler found ({' or '.join(names)} not on PATH)"
+    return None
+
+
+def resolve_mode(mode: str, device: torch.device) -> tuple[bool, str]:
+    """--compile auto|on|off -> (compile?, why, said to the user). 'on' where it cannot work is an
+    EagleError naming the cause and the fix."""
+    if mode not in MODES:
+        raise EagleError(f"--compile {mode!r}: choose auto, on or off")
+    if mode == "off":
+        return False, "eager kernels (--compile off)"
+    if device.type not in ("cpu", "cuda"):
+        if mode == "on":
+            raise EagleError(f"--compile on: the compiled path runs on cpu or cuda, not {device.type}; use --compile off")
+        return False, f"eager kernels: the compiled path runs on cpu or cuda, not {device.type}"
+    problem = compiler_problem() if device.type == "cpu" else None
+    if problem is not None:
+        if mode == "on":
+            raise EagleError(f"--compile on: {problem}; install one (apt-get install g++) or use --compile off")
+        return False, f"eager kernels: {problem} (install g++ for the compiled path)"
+    return True, f"compiled step (inductor, max-autotune GEMMs, frozen weights{'' if mode == 'on' else '; --compile off for eager'})"
+
+
+class _SlotWriter:
+    """The `cache` HF's attention layers see inside a compiled step: `update` writes the step's
+    keys and values at `slots` of the static buffers and returns the whole buffers."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slots: torch.Tensor):
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k, v = self.keys[layer_idx], self.values[layer_idx]  # [B, heads, S, d]
+        k.index_copy_(2, self.slots, key_states)
+        v.index_copy_(2, self.slots, value_states)
+        return k, v
+
+
+class StaticRows(RowCache):
+    """The compiled backend's KV cache for the rows of a batch: per layer, key and value buffers
+    [rows bucket, heads, cache bucket, d]. RowCache's meaning: row r's entries are slots
+    [0, lens[r]), `length` slots are in use; its methods act on the buffers instead of a
+    DynamicCache."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lens: list[int], length: int):
+        self.keys, self.values = keys, values
+        self.lens = torch.tensor(lens, dtype=torch.long)
+        self._length = length
+
+    @classmethod
+    def from_dynamic(cls, cache, lens: list[int], slots: int) -> "StaticRows":
+        """A prefill's DynamicCache rows -> static buffers with room for `slots` slots."""
+        rows, cap = bucket(len(lens), BATCH_BUCKETS), bucket(slots, CACHE_BUCKETS)
+        keys = [_sized(layer.keys, rows, cap) for layer in cache.layers]
+        values = [_sized(layer.values, rows, cap) for layer in cache.layers]
+        return cls(keys, values, lens, cache.get_seq_length())
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def buffers(self) -> list[torch.Tensor]:
+        return self.keys + self.values
+
+    def reserve(self, slots: int, rows: int) -> None:
+        """Room for `slots` slots and `rows` rows (buffers regrown to the next buckets)."""
+        cap, b = self.capacity, self.keys[0].shape[0]
+        want_s, want_b = max(cap, bucket(slots, CACHE_BUCKETS)), max(b, bucket(rows, BATCH_BUCKETS))
+        if (want_s, want_b) != (cap, b):
+            self.keys = [_sized(t, want_b, want_s) for t in self.keys]
+            self.values = [_sized(t, want_b, want_s) for t in self.values]
+
+    def keep_paths(self, start: int, paths: list[torch.Tensor]) -> None:
+        counts = [p.numel() for p in paths]
+        chains = all(int(x) == start for x in self.lens) and all(torch.equal(p.cpu(), torch.arange(p.numel())) for p in paths)
+        if not chains:  # chains on rows of equal length are already in place
+            move_paths(self.buffers(), self.lens, start, paths)
+        self.lens += torch.tensor(counts)
+        self._length = int(self.lens.max())
+
+    def crop(self, length: int) -> None:
+        self.lens = self.lens.clamp(max=length)
+        self._length = min(self._length, length)
+
+    def select(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.long)
+        self.lens = self.lens[index]
+        b = bucket(max(len(rows), 1), BATCH_BUCKETS)
+        self.keys = [_sized(t.index_select(0, index.to(t.device)), b, t.shape[2]) for t in self.keys]
+        self.values = [_sized(t.index_select(0, index.to(t.device)), b, t.shape[2]) for t in self.values]
+        self._length = int(self.lens.max()) if rows else 0
+
+    def extend(self, other: "StaticRows") -> None:
+        n, m = len(self), len(other)
+        self.reserve(max(self.capacity, other.capacity), n + m)
+        for mine, theirs in zip(self.buffers(), other.buffers()):
+            mine[n:n + m, :, : theirs.shape[2]] = theirs[:m]
+        self.lens = torch.cat([self.lens, other.lens])
+        self._length = max(self._length, other.length)
+
+
+def _sized(t: torch.Tensor, rows: int, slots: int) -> torch.Tensor:
+    """[b, h, s, d] -> a new contiguous [rows, h, slots, d] holding t's corner, zeros elsewhere."""
+    out = t.new_zeros(rows, t.shape[1], slots, t.shape[3])
+    b, s = min(rows, t.shape[0]), min(slots, t.shape[2])
+    out[:b, :, :s] = t[:b, :, :s]
+    return out
+
+
+@dataclass
+class CompileStats:
+    graphs: int = 0        # graphs built in this process (compiled, or rebuilt from inductor's caches)
+    seconds: float = 0.0   # spent building them
+
+
+class _Step(torch.nn.Module):
+    """One decoding step of the target: the stock decoder over the static buffers, then the LM
+    head on every row. A module (not a closure) so that inductor freezes the decoder's weights."""
+
+    def __init__(self, target, layers: tuple[int, ...] | None):
+        super().__init__()
+        self.decoder, self.lm_head, self.layers = target.decoder, target.lm_head, layers
+
+    def forward(self, input_ids, mask, positions, slots, keys, values):
+        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                           cache=_SlotWriter(keys, values, slots), use_cache=True,
+                           output_hidden_states=self.layers is not None)
+        f = out.last_hidden_state
+        hidden = f if self.layers is None else torch.cat([out.hidden_states[i] for i in self.layers], dim=-1)
+        return f, hidden, self.lm_head(f).float()
+
+
+class CompiledSteps:
+    """The target's decoding steps compiled, one graph per (rows, tokens, cache) bucket and set of
+    fused layers; the interface of target.EagerSteps."""
+
+    name = "compiled"
+
+    def __init__(self, target, progress: bool = True, autotune: bool = True):
+        """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
+        compile faster without it)."""
+        self.target = target
+        self.progress = progress
+        self.autotune = autotune
+        self.stats = CompileStats()
+        self._modules: dict[tuple[int, ...] | None, torch.nn.Module] = {}
+        self._built: set[tuple] = set()
+        # a fixed, small set of graphs per process; dynamo's default limit of 8 would fall back to eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
+
+    def start_rows(self, cache, lens: list[int], slots: int) -> StaticRows:
+        return StaticRows.from_dynamic(cache, lens, slots)
+
+    def tree_sizes(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """Of the draft-node counts --tree auto may measure, those whose tree (root included) fills a
+        query bucket up to AUTO_TOKENS: a smaller tree costs the same padded step and accepts less,
+        and every size measured is a graph to build."""
+        return tuple(n for n in sizes if n + 1 in QUERY_BUCKETS and n + 1 <= AUTO_TOKENS)
+
+    def _module(self, layers):
+        if layers not in self._modules:
+            # not fullgraph: a mixture-of-experts layer routes tokens with data-dependent shapes,
+            # which dynamo runs eagerly between graphs; dense decoders trace to one graph
+            self._modules[layers] = torch.compile(_Step(self.target, layers), dynamic=False)
+        return self._modules[layers]
+
+    @torch.no_grad()
+    def verify_rows(self, input_ids, rows: StaticRows, tree_mask, depth, sizes: list[int], layers=None):
+        """target.EagerSteps.verify_rows on the compiled path: input_ids [B, N], tree_mask [B, N, N],
+        depth [B, N] -> (TargetStates [B, N, ...], logits of each row's first sizes[r] nodes)."""
+        from .target import TargetStates
+
+        b, n = input_ids.shape
+        q = bucket(n, QUERY_BUCKETS)
+        start = rows.length
+        rows.reserve(start + q, b)
+        rb, cap = rows.keys[0].shape[0], rows.capacity
+        device = self.target.device
+        allowed = torch.zeros(rb, q, cap, dtype=torch.bool, device=device)
+        allowed[:, :, start:start + q] = torch.eye(q, dtype=torch.bool, device=device)  # padding sees itself
+        allowed[:b, :, :start] = rows.valid(start, device)[:, None, :]
+        allowed[:b, :n, start:start + n] = tree_mask.to(device)
+        ids = torch.zeros(rb, q, dtype=torch.long, device=device)
+        ids[:b, :n] = input_ids.to(device)
+        positions = torch.zeros(rb, q, dtype=torch.long, device=device)
+        positions[:b, :n] = rows.lens.to(device)[:, None] + depth.to(device)
+        slots = torch.arange(start, start + q, device=device)
+        key = (rb, q, cap, layers)
+        first = key not in self._built
+        if first:
+            began = time.perf_counter()
+            if self.progress:
+                print(f"[eaglespec] compiling the target's step for {rb} row(s) x {q} token(s) x {cap} cache slots "
+                      "(1-3 min each on a 2-core CPU)", file=sys.stderr, flush=True)
+        # inductor reads `freezing` from its global config while it compiles (an `options=` entry
+        # does not reach the freezing pass): patched around the call, not set for the process
+        with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
+            f, hidden, logits = self._module(layers)(ids, additive_mask(allowed, self.target.dtype), positions, slots,
+                                                     rows.keys, rows.values)
+        if first:
+            self._built.add(key)
+            took = time.perf_counter() - began
+            self.stats.graphs += 1
+            self.stats.seconds += took
+            if self.progress:
+                print(f"[eaglespec]   built in {took:.0f} s", file=sys.stderr, flush=True)
+        return TargetStates(f[:b], hidden[:b]), [logits[r, :s] for r, s in enumerate(sizes)]
+
+
+COMPILE_ENV = "EAGLESPEC_COMPILE"  # the default of --compile / compile=None (the tests set it to off)
+
+
+def compile_mode(mode: str | None, quantize: str | None = None) -> str:
+    """compile=None -> $EAGLESPEC_COMPILE, else 'auto'; checked. A quantized target stays eager
+    under 'auto' (its int8 kernel is not one inductor's GEMM templates replace) and is refused
+    under 'on'."""
+    mode = mode if mode is not None else os.environ.get(COMPILE_ENV, "auto") or "auto"
+    if mode not in MODES:
+        raise EagleError(f"--compile {mode!r}: choose auto, on or off")
+    if quantize not in (None, "none") and mode == "on":
+        raise EagleError(f"--compile on with --quantize {quantize}: the compiled path runs float weights; "
+                         "drop one of the two")
+    return "off" if quantize not in (None, "none") else mode
+
+
+def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
+    """Give `target` the compiled step when `mode` (auto | on | off) and this machine allow it,
+    with inductor's caches in the artefact folder (`artefact_dir`); returns what was chosen and
+    why, for the user."""
+    on, why = resolve_mode(mode, target.device)
+    if on:
+        folder, note = artefact_dir(target)
+        target.steps = CompiledSteps(target, progress)
+        why = f"{why}; {note}" if note else why
+        if folder is not None:
+            why += f"; artefacts in {folder}"
+    return why
+
+
+# -- the artefact cache -------------------------------------------------------------------------
+ARTEFACT_SCHEME = 1
+MANIFEST = "eaglespec-compiled.json"
+_SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
+
+
+def artefact_key(target) -> dict:
+    """What a compiled step depends on, besides the shapes inductor keys on itself: the machine
+    (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype."""
+    import transformers
+
+    from . import __version__
+    from .target import cpu_identity
+
+    device = target.device
+    return {"scheme": ARTEFACT_SCHEME, **cpu_identity(), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "eaglespec": __version__,
+            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
+
+
+def artefact_dir(target, root=None) -> tuple[object, str]:
+    """Point inductor's on-disk caches (generated code, built kernels, autotuning choices) at
+    <cache folder>/compiled/<hash of artefact_key>/, unless the user set TORCHINDUCTOR_CACHE_DIR.
+    A folder whose manifest is missing (an interrupted first compile), unreadable or made under
+    another key is emptied and rebuilt, and said so. -> (folder or None, note)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from .files import atomic_write_bytes
+    from .tuning import cache_dir
+
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if env and env not in _SET_BY_US and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
+        return Path(env), "TORCHINDUCTOR_CACHE_DIR is set: inductor's caches are there"
+    key = artefact_key(target)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(root or cache_dir()) / "compiled" / digest
+    manifest = folder / MANIFEST
+    note = ""
+    if folder.exists():
+        try:
+            trusted = json.loads(manifest.read_text()).get("key") == key
+            why = "made under another key"
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+            trusted, why = False, f"its manifest is unreadable ({type(exc).__name__})"
+        if not trusted:
+            shutil.rmtree(folder, ignore_errors=True)
+            note = f"note: ignored the compiled-artefact cache {folder} ({why}); rebuilding it"
+    try:
+        (folder / "inductor").mkdir(parents=True, exist_ok=True)
+        if not manifest.is_file():
+            atomic_write_bytes(manifest, json.dumps({"key": key}, indent=1).encode())
+    except OSError as exc:
+        return None, f"compiled artefacts not cached: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
+    path = str(folder / "inductor")
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != path:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+        _SET_BY_US.add(path)
+        from torch._inductor.utils import clear_caches
+
+        clear_caches()  # inductor's in-memory caches point at the old folder
+    return folder, note

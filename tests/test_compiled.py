@@ -1,0 +1,216 @@
+"""The compiled decoding step (compiled.py): the same ids as eager on five families, logits within
+fp32 tolerance, no recompilation while decoding, batches equal to each sequence alone, the
+static cache's bookkeeping equal to RowCache's, the keyed artefact cache, and the choice of path
+(a machine without a C++ compiler). Tiny models, few shapes: each graph takes ~10 s to build."""
+
+import json
+
+import pytest
+import torch
+from conftest import ARCHS, tiny_target
+from test_decoding import random_head
+
+from eaglespec import compiled
+from eaglespec.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
+from eaglespec.decoding import EagleGenerator
+from eaglespec.errors import EagleError
+from eaglespec.kv_cache import RowCache
+
+PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
+
+
+@pytest.fixture(autouse=True)
+def _inductor_cache_per_test(tmp_path, monkeypatch):
+    """Inductor's caches in the test's own folder (artefact_dir sets the variable for the process)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def compiled_target(arch, dtype=torch.float64, autotune=False):
+    target = tiny_target(arch, dtype=dtype)
+    target.steps = CompiledSteps(target, progress=False, autotune=autotune)
+    return target
+
+
+def ids(gen, n=40, speculative=True, prompt=PROMPT):
+    return gen.generate(input_ids=prompt, max_new_tokens=n, speculative=speculative, stop_token_ids=set()).token_ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_vanilla_and_eagle_equal_eager_vanilla(arch):
+    eager = tiny_target(arch)
+    reference = ids(EagleGenerator(eager, None), speculative=False)
+    target = compiled_target(arch)
+    assert ids(EagleGenerator(target, None), speculative=False) == reference
+    assert ids(EagleGenerator(target, random_head(target), "chain:3")) == reference
+    assert target.steps.stats.graphs == 2  # q = 1 (vanilla) and q = 4 (root + 3 drafts)
+
+
+def test_compiled_logits_are_eager_logits_within_fp32_rounding():
+    """fp32 and max-autotune, where inductor's own C++ GEMMs replace MKL: a 5-node tree's logits
+    (padded to the 8-token bucket) against the eager tree forward."""
+    eager = tiny_target("llama", dtype=torch.float32)
+    target = compiled_target("llama", dtype=torch.float32, autotune=True)
+    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                        dtype=torch.bool)[None]
+    depth = torch.tensor([[0, 1, 1, 2, 2]])
+    tokens = torch.tensor([[3, 4, 5, 6, 7]])
+    out = []
+    for t in (eager, target):
+        cache = t.new_cache()
+        t.forward(torch.tensor([PROMPT]), cache)
+        rows = t.start_rows(cache, [len(PROMPT)], 32)
+        states, logits = t.verify_rows(tokens, rows, mask, depth, [5])
+        out.append((states.features[0, :5], logits[0]))
+    (f_e, l_e), (f_c, l_c) = out
+    assert l_c.shape == l_e.shape == (5, eager.vocab_size)
+    assert (l_c - l_e).abs().max() <= 1e-4 * max(1.0, l_e.abs().max().item())
+    assert torch.equal(l_c.argmax(-1), l_e.argmax(-1))
+    assert (f_c - f_e).abs().max() <= 1e-4
+
+
+def test_no_recompilation_while_decoding():
+    """After the first generation built its graphs, a 100-token generation (EAGLE and vanilla)
+    compiles nothing: dynamo's counters stay put."""
+    from torch._dynamo.utils import counters
+
+    target = compiled_target("llama")
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    ids(gen, 8)
+    ids(gen, 8, speculative=False)
+    built = target.steps.stats.graphs
+    counters.clear()
+    ids(gen, 100, prompt=PROMPT[:4])
+    ids(gen, 100, speculative=False, prompt=PROMPT + PROMPT)
+    assert target.steps.stats.graphs == built
+    assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+def test_batched_compiled_equals_each_sequence_alone():
+    """Three prompts of different lengths and budgets decode together on the compiled path (rows
+    padded to the bucket of 4) as each does alone eagerly; rows leave as they finish."""
+    eager = tiny_target("qwen2")
+    prompts, budgets = [PROMPT, [8, 4], [40, 41, 42, 43, 44, 45]], [30, 12, 21]
+    expected = [EagleGenerator(eager, None).generate(input_ids=p, max_new_tokens=b, speculative=False,
+                                                     stop_token_ids=set()).token_ids for p, b in zip(prompts, budgets)]
+    target = compiled_target("qwen2")
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    results = gen.generate_batch(input_ids=prompts, max_new_tokens=max(budgets), stop_token_ids=set())
+    assert [r.token_ids[:b] for r, b in zip(results, budgets)] == expected
+
+
+# ---- the static cache's bookkeeping (no compiling) -----------------------------------------------
+def test_static_rows_keep_select_extend_like_row_cache():
+    """The same appends, accepted paths, leaving and joining on StaticRows and on RowCache leave
+    every row's valid entries equal."""
+    target = tiny_target("llama")
+
+    def prefilled(prompt):
+        cache = target.new_cache()
+        target.forward(torch.tensor([prompt]), cache)
+        return cache
+
+    def entries(rows, r):
+        n = int(rows.lens[r])
+        if isinstance(rows, StaticRows):
+            return [t[r, :, :n] for t in rows.buffers()]
+        return [layer.keys[r, :, :n] for layer in rows.cache.layers] + [layer.values[r, :, :n] for layer in rows.cache.layers]
+
+    prompts = [PROMPT, [8, 4], [40, 41, 42]]
+    dynamic = RowCache(prefilled(prompts[0]), [len(prompts[0])])
+    static = StaticRows.from_dynamic(prefilled(prompts[0]), [len(prompts[0])], 64)
+    for p in prompts[1:]:
+        dynamic.extend(RowCache(prefilled(p), [len(p)]))
+        static.extend(StaticRows.from_dynamic(prefilled(p), [len(p)], 64))
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool).repeat(3, 1, 1)
+    depth = torch.tensor([0, 1, 1, 2]).repeat(3, 1)
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]])
+    start = dynamic.length
+    target.forward_rows(tokens, dynamic, tree_mask, depth)
+    # the compiled step's writes, done by hand: the same keys at the same slots
+    for i, layer in enumerate(dynamic.cache.layers):
+        static.keys[i][:3, :, start:start + 4] = layer.keys[:, :, start:start + 4]
+        static.values[i][:3, :, start:start + 4] = layer.values[:, :, start:start + 4]
+    paths = [torch.tensor([0, 2, 3]), torch.tensor([0]), torch.tensor([0, 1])]
+    dynamic.keep_paths(start, paths)
+    static.keep_paths(start, paths)
+    assert static.lens.tolist() == dynamic.lens.tolist() and static.length == dynamic.length
+    for rows in (dynamic, static):
+        rows.select([2, 0])
+    assert static.lens.tolist() == dynamic.lens.tolist()
+    assert static.keys[0].shape[0] == 2  # the rows bucket shrank with the batch
+    for r in range(2):
+        for a, b in zip(entries(dynamic, r), entries(static, r)):
+            assert torch.equal(a, b)
+
+
+def test_buckets():
+    assert [compiled.bucket(n, compiled.QUERY_BUCKETS) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+    assert compiled.bucket(300, compiled.CACHE_BUCKETS) == 512
+    with pytest.raises(EagleError, match="largest bucket"):
+        compiled.bucket(65, compiled.QUERY_BUCKETS)
+    steps = CompiledSteps(tiny_target("llama"), progress=False)
+    assert steps.tree_sizes((1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31)) == (1, 3, 7, 15)
+
+
+# ---- choosing the path -------------------------------------------------------------------------
+def test_no_cxx_compiler(monkeypatch):
+    """auto: a one-line note and eager decoding; on: a one-line error naming the cause and the fix."""
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    on, why = resolve_mode("auto", torch.device("cpu"))
+    assert not on and "no C++ compiler" in why and "\n" not in why
+    with pytest.raises(EagleError, match=r"--compile on: no C\+\+ compiler.*apt-get install g\+\+.*--compile off"):
+        resolve_mode("on", torch.device("cpu"))
+    target = tiny_target("llama")
+    assert "no C++ compiler" in compiled.use_compiled(target, "auto") and target.steps.name == "eager"
+
+
+def test_no_cxx_compiler_cli(monkeypatch, capsys):
+    from eaglespec.cli import main
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    assert main(["generate", "--compile", "on", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compile on: no C++ compiler" in err[0]
+
+
+def test_compile_mode_reads_the_environment_and_refuses_bad_values(monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_COMPILE", "on")
+    assert compile_mode(None) == "on"
+    assert compile_mode("off") == "off"
+    assert compile_mode("auto", quantize="int8") == "off"  # the int8 kernel stays eager
+    with pytest.raises(EagleError, match="--compile on with --quantize int8"):
+        compile_mode("on", quantize="int8")
+    monkeypatch.setenv("EAGLESPEC_COMPILE", "fast")
+    with pytest.raises(EagleError, match="--compile 'fast': choose auto, on or off"):
+        compile_mode(None)
+
+
+def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    target = tiny_target("llama")
+    folder, note = artefact_dir(target, tmp_path)
+    assert note == "" and folder.parent == tmp_path / "compiled"
+    manifest = json.loads((folder / compiled.MANIFEST).read_text())
+    assert manifest["key"]["target"] == target.fingerprint() and manifest["key"]["threads"] == torch.get_num_threads()
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
+    (folder / "inductor" / "artefact").write_text("kept")
+    assert artefact_dir(target, tmp_path) == (folder, "")  # same key: trusted, kept
+    assert (folder / "inductor" / "artefact").is_file()
+    # another target (other weights) gets another folder
+    other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
+    assert other != folder
+    # a manifest of another key, then a damaged one: emptied, said so, rebuilt
+    (folder / compiled.MANIFEST).write_text(json.dumps({"key": {"scheme": 0}}))
+    again, note = artefact_dir(target, tmp_path)
+    assert again == folder and "another key" in note and not (folder / "inductor" / "artefact").exists()
+    (folder / compiled.MANIFEST).write_text("{not json")
+    _, note = artefact_dir(target, tmp_path)
+    assert "unreadable" in note and json.loads((folder / compiled.MANIFEST).read_text())["key"] == manifest["key"]
+    # a user's own TORCHINDUCTOR_CACHE_DIR is respected
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert artefact_dir(target, tmp_path)[0] == tmp_path / "mine"
