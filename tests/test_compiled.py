@@ -150,7 +150,7 @@ def test_buckets():
     with pytest.raises(EagleError, match="largest bucket"):
         compiled.bucket(65, compiled.QUERY_BUCKETS)
     steps = CompiledSteps(tiny_target("llama"), progress=False)
-    assert steps.tree_sizes((1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31)) == (1, 3, 7, 15)
+    assert steps.tree_sizes((1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31)) == (1, 3, 7)
 
 
 # ---- choosing the path -------------------------------------------------------------------------
@@ -211,6 +211,31 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
     (folder / compiled.MANIFEST).write_text("{not json")
     _, note = artefact_dir(target, tmp_path)
     assert "unreadable" in note and json.loads((folder / compiled.MANIFEST).read_text())["key"] == manifest["key"]
-    # a user's own TORCHINDUCTOR_CACHE_DIR is respected
+    # a user's own TORCHINDUCTOR_CACHE_DIR is respected for inductor's scratch files
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    assert artefact_dir(target, tmp_path)[0] == tmp_path / "mine"
+    assert artefact_dir(target, tmp_path)[0] == folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_packages_are_built_once_loaded_after_and_rebuilt_when_damaged(tmp_path, capsys):
+    """The AOTInductor path: a first start builds and keeps a package per graph; a second start
+    (a new CompiledSteps) loads it without compiling and decodes the same ids; a damaged package
+    is said so and rebuilt; no partial file is left."""
+    eager = tiny_target("llama")
+    reference = ids(EagleGenerator(eager, None), 12, speculative=False)
+    target = tiny_target("llama")
+    target.steps = CompiledSteps(target, progress=True, autotune=False, folder=tmp_path)
+    assert ids(EagleGenerator(target, None), 12, speculative=False) == reference
+    (package,) = tmp_path.glob("step-*.pt2")
+    assert "compiling" in capsys.readouterr().err
+    again = tiny_target("llama")
+    again.steps = CompiledSteps(again, progress=True, autotune=False, folder=tmp_path)
+    assert ids(EagleGenerator(again, None), 12, speculative=False) == reference
+    assert "compiling" not in capsys.readouterr().err
+    package.write_bytes(b"not a package")
+    third = tiny_target("llama")
+    third.steps = CompiledSteps(third, progress=True, autotune=False, folder=tmp_path)
+    assert ids(EagleGenerator(third, None), 12, speculative=False) == reference
+    err = capsys.readouterr().err
+    assert "ignored the compiled package" in err and "compiling" in err
+    assert [p.name for p in tmp_path.glob("*.pt2")] == [package.name] and not list(tmp_path.glob(".*partial*"))

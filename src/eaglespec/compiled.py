@@ -38,14 +38,14 @@ from dataclasses import dataclass
 import torch
 
 from .attention import additive_mask
-from .errors import EagleError
+from .errors import EagleError, one_line
 from .kv_cache import RowCache, move_paths
 
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CACHE_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 MODES = ("auto", "on", "off")
-AUTO_TOKENS = 16  # --tree auto measures compiled trees of up to this many tokens (4 graphs: 2, 4, 8, 16)
+AUTO_TOKENS = 8  # --tree auto measures compiled trees of up to this many tokens (graphs for 1, 2, 4, 8)
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -196,21 +196,42 @@ class _Step(torch.nn.Module):
         return f, hidden, self.lm_head(f).float()
 
 
+class _Jit:
+    """A graph compiled in this process (torch.compile), called like a loaded package."""
+
+    def __init__(self, module: torch.nn.Module, autotune: bool):
+        self.module = torch.compile(module, dynamic=False)
+        self.autotune = autotune
+
+    def __call__(self, *args):
+        # inductor reads `freezing` from its global config while it compiles (an `options=` entry
+        # does not reach the freezing pass): patched around the call, not set for the process
+        with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
+            return self.module(*args)
+
+
 class CompiledSteps:
     """The target's decoding steps compiled, one graph per (rows, tokens, cache) bucket and set of
-    fused layers; the interface of target.EagerSteps."""
+    fused layers; the interface of target.EagerSteps.
+
+    With a folder, each graph is an AOTInductor package there (`step-<rows>x<tokens>x<slots>
+    -<layers>.pt2`), built once and loaded in well under a second by later starts. Why packages
+    and not inductor's FX graph cache: freezing turns the weights into pre-packed (mkldnn)
+    constants, which that cache refuses to store ("mkldnn tensors unpickleable"), so every start
+    would compile again (about 2 minutes a graph here). A graph that cannot be exported (a
+    mixture-of-experts layer's data-dependent routing) is compiled in-process instead, said so."""
 
     name = "compiled"
 
-    def __init__(self, target, progress: bool = True, autotune: bool = True):
+    def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
-        compile faster without it)."""
+        compile faster without it). folder: where packages are kept (None: in-process graphs)."""
         self.target = target
         self.progress = progress
         self.autotune = autotune
+        self.folder = folder
         self.stats = CompileStats()
-        self._modules: dict[tuple[int, ...] | None, torch.nn.Module] = {}
-        self._built: set[tuple] = set()
+        self._runners: dict[tuple, object] = {}
         # a fixed, small set of graphs per process; dynamo's default limit of 8 would fall back to eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
@@ -224,12 +245,50 @@ class CompiledSteps:
         and every size measured is a graph to build."""
         return tuple(n for n in sizes if n + 1 in QUERY_BUCKETS and n + 1 <= AUTO_TOKENS)
 
-    def _module(self, layers):
-        if layers not in self._modules:
-            # not fullgraph: a mixture-of-experts layer routes tokens with data-dependent shapes,
-            # which dynamo runs eagerly between graphs; dense decoders trace to one graph
-            self._modules[layers] = torch.compile(_Step(self.target, layers), dynamic=False)
-        return self._modules[layers]
+    def _say(self, text: str) -> None:
+        if self.progress:
+            print(f"[eaglespec] {text}", file=sys.stderr, flush=True)
+
+    def _runner(self, key: tuple, args: tuple):
+        runner = self._runners.get(key)
+        if runner is None:
+            began = time.perf_counter()
+            runner = self._runners[key] = self._build(key, args)
+            self.stats.graphs += 1
+            self.stats.seconds += time.perf_counter() - began
+        return runner
+
+    def _build(self, key: tuple, args: tuple):
+        rows, q, cap, layers = key
+        what = f"the target's step for {rows} row(s) x {q} token(s) x {cap} cache slots"
+        module = _Step(self.target, layers).eval()
+        if self.folder is None:
+            self._say(f"compiling {what} (in this process)")
+            return _Jit(module, self.autotune)
+        tag = "f" if layers is None else "l" + "-".join(map(str, layers))
+        path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
+        if path.is_file():
+            try:
+                return torch._inductor.aoti_load_package(str(path))
+            except Exception as exc:  # a damaged or foreign file: rebuilt
+                self._say(f"note: ignored the compiled package {path} ({one_line(exc)}); building it again")
+                path.unlink(missing_ok=True)
+        began = time.perf_counter()
+        self._say(f"compiling {what}: 1-3 minutes on a 2-core CPU, once (kept in {path.parent})")
+        try:
+            program = torch.export.export(module, args, strict=False)
+        except Exception as exc:  # data-dependent shapes (MoE routing) do not export
+            self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
+            return _Jit(module, self.autotune)
+        partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
+        try:
+            with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        self._say(f"  built in {time.perf_counter() - began:.0f} s")
+        return torch._inductor.aoti_load_package(str(path))
 
     @torch.no_grad()
     def verify_rows(self, input_ids, rows: StaticRows, tree_mask, depth, sizes: list[int], layers=None):
@@ -251,26 +310,9 @@ class CompiledSteps:
         ids[:b, :n] = input_ids.to(device)
         positions = torch.zeros(rb, q, dtype=torch.long, device=device)
         positions[:b, :n] = rows.lens.to(device)[:, None] + depth.to(device)
-        slots = torch.arange(start, start + q, device=device)
-        key = (rb, q, cap, layers)
-        first = key not in self._built
-        if first:
-            began = time.perf_counter()
-            if self.progress:
-                print(f"[eaglespec] compiling the target's step for {rb} row(s) x {q} token(s) x {cap} cache slots "
-                      "(1-3 min each on a 2-core CPU)", file=sys.stderr, flush=True)
-        # inductor reads `freezing` from its global config while it compiles (an `options=` entry
-        # does not reach the freezing pass): patched around the call, not set for the process
-        with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
-            f, hidden, logits = self._module(layers)(ids, additive_mask(allowed, self.target.dtype), positions, slots,
-                                                     rows.keys, rows.values)
-        if first:
-            self._built.add(key)
-            took = time.perf_counter() - began
-            self.stats.graphs += 1
-            self.stats.seconds += took
-            if self.progress:
-                print(f"[eaglespec]   built in {took:.0f} s", file=sys.stderr, flush=True)
+        args = (ids, additive_mask(allowed, self.target.dtype), positions, torch.arange(start, start + q, device=device),
+                rows.keys, rows.values)
+        f, hidden, logits = self._runner((rb, q, cap, layers), args)(*args)
         return TargetStates(f[:b], hidden[:b]), [logits[r, :s] for r, s in enumerate(sizes)]
 
 
@@ -297,7 +339,7 @@ def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
     on, why = resolve_mode(mode, target.device)
     if on:
         folder, note = artefact_dir(target)
-        target.steps = CompiledSteps(target, progress)
+        target.steps = CompiledSteps(target, progress, folder=folder)
         why = f"{why}; {note}" if note else why
         if folder is not None:
             why += f"; artefacts in {folder}"
@@ -327,22 +369,21 @@ def artefact_key(target) -> dict:
 
 
 def artefact_dir(target, root=None) -> tuple[object, str]:
-    """Point inductor's on-disk caches (generated code, built kernels, autotuning choices) at
-    <cache folder>/compiled/<hash of artefact_key>/, unless the user set TORCHINDUCTOR_CACHE_DIR.
-    A folder whose manifest is missing (an interrupted first compile), unreadable or made under
-    another key is emptied and rebuilt, and said so. -> (folder or None, note)."""
+    """The folder of this target's compiled packages: <cache folder>/compiled/<hash of
+    artefact_key>/, with inductor's scratch caches (generated code, built kernels, autotuning
+    choices) in its inductor/ unless the user set TORCHINDUCTOR_CACHE_DIR. A folder whose manifest
+    is unreadable or made under another key is emptied and rebuilt, and said so; packages are
+    written under a temporary name and renamed when whole, so an interrupted compile leaves
+    nothing a later start would load. -> (folder, or None when it cannot be written; note)."""
     import hashlib
     import json
     from pathlib import Path
 
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     from .files import atomic_write_bytes
     from .tuning import cache_dir
 
-    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    if env and env not in _SET_BY_US and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
-        return Path(env), "TORCHINDUCTOR_CACHE_DIR is set: inductor's caches are there"
     key = artefact_key(target)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(root or cache_dir()) / "compiled" / digest
@@ -350,8 +391,7 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
     note = ""
     if folder.exists():
         try:
-            trusted = json.loads(manifest.read_text()).get("key") == key
-            why = "made under another key"
+            trusted, why = json.loads(manifest.read_text()).get("key") == key, "made under another key"
         except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
             trusted, why = False, f"its manifest is unreadable ({type(exc).__name__})"
         if not trusted:
@@ -362,9 +402,11 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
         if not manifest.is_file():
             atomic_write_bytes(manifest, json.dumps({"key": key}, indent=1).encode())
     except OSError as exc:
-        return None, f"compiled artefacts not cached: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
+        return None, f"compiled graphs not kept: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    users = env and env not in _SET_BY_US and os.path.abspath(env) != os.path.abspath(default_cache_dir())
     path = str(folder / "inductor")
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != path:
+    if not users and env != path:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
         _SET_BY_US.add(path)
         from torch._inductor.utils import clear_caches
