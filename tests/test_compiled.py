@@ -35,14 +35,28 @@ def ids(gen, n=40, speculative=True, prompt=PROMPT):
     return gen.generate(input_ids=prompt, max_new_tokens=n, speculative=speculative, stop_token_ids=set()).token_ids
 
 
+def drafted(gen, n=24):
+    """The tokens of every tree the drafter proposed while generating n tokens."""
+    trees = []
+    for _ in gen.stream(PROMPT, n, stop_token_ids=set(), observe=lambda tree, logits, acc: trees.append(tree.tokens.tolist())):
+        pass
+    return trees
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_vanilla_and_eagle_equal_eager_vanilla(arch):
+    """Vanilla and EAGLE on the compiled step give eager vanilla's ids, and the compiled head
+    drafts the very trees the eager head drafts."""
     eager = tiny_target(arch)
     reference = ids(EagleGenerator(eager, None), speculative=False)
     target = compiled_target(arch)
     assert ids(EagleGenerator(target, None), speculative=False) == reference
-    assert ids(EagleGenerator(target, random_head(target), "chain:3")) == reference
-    assert target.steps.stats.graphs == 2  # q = 1 (vanilla) and q = 4 (root + 3 drafts)
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    assert ids(gen) == reference
+    assert drafted(gen) == drafted(EagleGenerator(eager, random_head(eager), "chain:3"))
+    keys = set(target.steps._runners)
+    assert {k[:2] for k in keys if k[3] is None} == {(1, 1), (1, 4)}  # the target: vanilla, root + 3 drafts
+    assert any(k[3] == "heagle1" for k in keys)  # the head's steps compiled too
 
 
 def test_compiled_logits_are_eager_logits_within_fp32_rounding():
@@ -150,7 +164,8 @@ def test_buckets():
     with pytest.raises(EagleError, match="largest bucket"):
         compiled.bucket(65, compiled.QUERY_BUCKETS)
     steps = CompiledSteps(tiny_target("llama"), progress=False)
-    assert steps.tree_sizes((1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31)) == (1, 3, 7)
+    assert steps.tree_sizes((1, 2, 3, 4, 5, 6, 8, 10, 16, 31)) == (1, 3, 7)
+    assert steps.tree_sizes((1, 2, 3, 4, 5)) == (1, 3) and steps.tree_sizes(()) == ()
 
 
 # ---- choosing the path -------------------------------------------------------------------------

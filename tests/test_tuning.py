@@ -265,7 +265,7 @@ def test_batches_get_smaller_trees_down_to_none(tmp_path, monkeypatch):
 
     def fake(gen, trees, context=256, reps=3, batch=1):
         vanilla = 1.0 * batch ** 0.5  # bigger batches: more tokens per forward for little more time
-        return vanilla, {n: (0.1, vanilla * (1 + 0.3 * n * batch)) for n in trees}
+        return vanilla, {n: (0.1, vanilla * (1 + 0.3 * n * batch)) for n in trees}, 0.0
 
     monkeypatch.setattr(tuning, "measure_step_costs", fake)
     tuned = tune(gen, stats, sizes=(1, 2, 4), reps=1, cache=tmp_path, max_batch=16)
@@ -284,5 +284,87 @@ def test_batches_get_smaller_trees_down_to_none(tmp_path, monkeypatch):
 def test_measured_costs_per_batch_size_run_the_batched_step():
     gen, _ = _tuning_setup()
     trees = {2: tuning.static_tree([(0,), (0, 0)])}
-    vanilla, costs = tuning.measure_step_costs(gen, trees, context=16, reps=1, batch=3)
+    vanilla, costs, noise = tuning.measure_step_costs(gen, trees, context=16, reps=1, batch=3)
     assert vanilla > 0 and costs[2][0] > 0 and costs[2][1] > 0
+
+
+# ---- the adaptive tree ---------------------------------------------------------------------------
+def _ladder():
+    """A fake cost model: vanilla 10 ms; trees of 1, 3, 7 nodes cost 11, 12, 16 ms and were
+    predicted at tau 1.6, 2.0, 2.3."""
+    from eaglespec.tree import static_tree
+
+    trees = [static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)]), static_tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)])]
+    return [(None, 1.0, 0.010), (trees[0], 1.6, 0.011), (trees[1], 2.0, 0.012), (trees[2], 2.3, 0.016)]
+
+
+def test_adaptive_tree_keeps_a_tree_that_pays_and_drops_one_that_does_not():
+    from eaglespec.tuning import AdaptiveTree
+
+    policy = AdaptiveTree(_ladder(), 0.010, start=2, window=8, probe_every=20)
+    for _ in range(8):
+        policy.observe(2)  # tau 2.0 as predicted: 3 nodes stay best (2.0 / 12 ms beats 2.3 / 16 ms)
+    assert policy.level == 2 and policy.history == [2]
+    for _ in range(8):
+        policy.observe(1)  # nothing accepted: every tree now costs more than it brings
+    assert policy.tree is None and policy.history == [2, 0]
+    for _ in range(19):
+        policy.observe(1)
+    assert policy.level == 0
+    policy.observe(1)  # after probe_every vanilla steps: try the smallest tree
+    assert policy.level == 1
+    for _ in range(8):
+        policy.observe(3)  # better than calibrated: back to the 3-node tree
+    assert policy.level == 2 and policy.history == [2, 0, 1, 2]
+
+
+def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong():
+    """A generator whose tuned tree never gets a draft accepted decodes vanilla after one window,
+    and its output stays that of vanilla decoding."""
+    from conftest import tiny_target
+    from oracle import OracleDrafter
+
+    from eaglespec.decoding import EagleGenerator
+    from eaglespec.tuning import AdaptiveTree, TunedTree
+
+    target = tiny_target("llama")
+    ladder = _ladder()
+    tuned = TunedTree(ladder[2][0], 2.0, 1.67, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67),
+                                                (7, 2.3, 0.004, 0.012, 1.44)], 0.010,
+                      trees=((1, ladder[1][0]), (3, ladder[2][0]), (7, ladder[3][0])))
+    assert AdaptiveTree.from_tuned(tuned).level == 2
+    gen = EagleGenerator(target, None, "none")
+    vanilla = gen.generate(input_ids=[5, 6, 7], max_new_tokens=60, speculative=False, stop_token_ids=set()).token_ids
+    class WrongDrafter(OracleDrafter):  # the oracle's chain, every token shifted off the target's
+        def draft_one(self, *args):
+            tree = super().draft_one(*args)
+            tokens = tree.tokens.clone()
+            tokens[1:] = (tokens[1:] + 1) % target.vocab_size
+            return type(tree)(tokens, tree.buffers)
+
+    wrong = WrongDrafter(target, [5, 6, 7], [-1, 0, 1, 2])
+    gen.drafter, gen.tuned, gen.tree = wrong, tuned, tuned.tree
+    out = gen.generate(input_ids=[5, 6, 7], max_new_tokens=60, stop_token_ids=set()).token_ids
+    assert out == vanilla
+    assert gen.last_policy.history[:2] == [2, 0]
+
+
+def test_a_noisy_cost_curve_is_measured_again_then_flagged(tmp_path, monkeypatch):
+    gen, stats = _tuning_setup()
+    noises = iter([0.9, 0.1])
+    calls = []
+
+    def fake(gen, trees, context=256, reps=3, batch=1):
+        calls.append(1)
+        noise = next(noises, 0.8)
+        return 1.0 + noise, {n: (0.1, 1.0) for n in trees}, noise
+
+    monkeypatch.setattr(tuning, "measure_step_costs", fake)
+    curve = tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path)
+    assert len(calls) == 2 and curve.vanilla == 1.1 and "curve is noisy" not in curve.source  # the quiet second one
+    calls.clear()
+    noisy = tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path, retune=True)
+    assert len(calls) == tuning.NOISE_TRIES and "curve is noisy" in noisy.source and "--retune" in noisy.source
+    data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
+    assert data["batch_sizes"]["1"]["noise"] == 0.8
+    assert "curve is noisy" in tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path).source  # said on reading too

