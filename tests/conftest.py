@@ -1,7 +1,13 @@
 """Shared fixtures: tiny random-weight HF models of several architectures, built in-process."""
 
+import os
+
 import pytest
 import torch
+
+# Eager decoding unless a test asks for the compiled step (compiling takes seconds on tiny models,
+# minutes on the real one): set for the whole session, so module-scoped fixtures see it too.
+os.environ["EAGLESPEC_COMPILE"] = "off"
 
 from eaglespec.target import TargetModel
 

@@ -353,7 +353,7 @@ def describe(gen) -> dict:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": gen.target.name, "head": head, "tree": str(tree),
             "tree_nodes": tree_nodes(gen), "dtype": str(gen.target.dtype).removeprefix("torch."),
             "quantization": gen.target.quantization or "none", "numerics": gen.numerics_note, "head_note": gen.head_note,
-            "device": str(gen.target.device), "threads": torch.get_num_threads(), **cpu_identity(),
+            "device": str(gen.target.device), "steps": gen.target.steps.name, "threads": torch.get_num_threads(), **cpu_identity(),
             "versions": {"eaglespec": __version__, "torch": torch.__version__}}
 
 
@@ -363,7 +363,8 @@ def markdown(cert: Certificate) -> str:
     m, g, s, inv = cert.meta, cert.greedy, cert.sampling, cert.invariance
     bitwise = inv["bitwise_sizes"]
     lines = [f"# eaglespec certify: {'PASS' if cert.ok else 'FAIL'}", "",
-             f"target {m['target']} ({m['dtype']}{_quantized(m['quantization'])}, {m['device']}), head {m['head']}, "
+             f"target {m['target']} ({m['dtype']}{_quantized(m['quantization'])}, {m['device']}, "
+             f"{m.get('steps', 'eager')} decoding step), head {m['head']}, "
              f"tree {m['tree']} "
              f"({m['tree_nodes']} tokens per verification); {m['cpu']}, {m['threads']} thread(s), "
              f"torch {m['versions']['torch']}, {m['date']}", "",

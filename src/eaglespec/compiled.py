@@ -193,9 +193,9 @@ class _Step(torch.nn.Module):
     """One decoding step of the target: the stock decoder over the static buffers, then the LM
     head on every row. A module (not a closure) so that inductor freezes the decoder's weights."""
 
-    def __init__(self, target, layers: tuple[int, ...] | None):
+    def __init__(self, target, layers: tuple[int, ...] | None, lm_head: torch.nn.Module):
         super().__init__()
-        self.decoder, self.lm_head, self.layers = target.decoder, target.lm_head, layers
+        self.decoder, self.lm_head, self.layers = target.decoder, lm_head, layers
 
     def forward(self, input_ids, mask, positions, slots, keys, values):
         out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions,
@@ -323,6 +323,7 @@ class CompiledSteps:
         self.folder = folder
         self.stats = CompileStats()
         self._runners: dict[tuple, object] = {}
+        self._untied: torch.nn.Module | None = None
         # a fixed, small set of graphs per process; dynamo's default limit of 8 would fall back to eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
@@ -340,6 +341,21 @@ class CompiledSteps:
         if self.progress:
             print(f"[eaglespec] {text}", file=sys.stderr, flush=True)
 
+    def _lm_head(self) -> torch.nn.Module:
+        """The LM head the compiled step applies. With tied embeddings, a copy of its own: freezing
+        leaves a weight the embedding lookup also reads as it is, and that LM head then runs on
+        MKL's few-row GEMM (2-4x slower at 2-8 rows than at one); the copy is pre-packed for
+        inductor's GEMM like every other matrix (one copy per process: 113 MB for SmolLM2)."""
+        lm = self.target.lm_head
+        if lm.weight.data_ptr() != self.target.embed_tokens.weight.data_ptr():
+            return lm
+        if self._untied is None:
+            self._untied = torch.nn.Linear(lm.in_features, lm.out_features, bias=lm.bias is not None,
+                                           device=lm.weight.device, dtype=lm.weight.dtype)
+            self._untied.load_state_dict(lm.state_dict())
+            self._untied.requires_grad_(False)
+        return self._untied
+
     def head_steps(self, head, target) -> CompiledHeadSteps:
         return CompiledHeadSteps(self, head, target)
 
@@ -347,7 +363,7 @@ class CompiledSteps:
         runner = self._runners.get(key)
         if runner is None:
             began = time.perf_counter()
-            runner = self._runners[key] = self._build(key, args, module or _Step(self.target, key[3]), what)
+            runner = self._runners[key] = self._build(key, args, module or _Step(self.target, key[3], self._lm_head()), what)
             self.stats.graphs += 1
             self.stats.seconds += time.perf_counter() - began
         return runner
@@ -399,6 +415,7 @@ class CompiledSteps:
         positions = rows.lens.to(device)[:, None] + depth.to(device)
         args = (_padded(input_ids.to(device), rb, q), mask, _padded(positions, rb, q), slots, rows.keys, rows.values)
         f, hidden, logits = self._runner((rb, q, cap, layers), args)(*args)
+        rows._length = start + n  # as a DynamicCache grows by the step's tokens (keep_paths then compacts)
         return TargetStates(f[:b], hidden[:b]), [logits[r, :s] for r, s in enumerate(sizes)]
 
 
@@ -433,7 +450,7 @@ def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
 
 
 # -- the artefact cache -------------------------------------------------------------------------
-ARTEFACT_SCHEME = 1
+ARTEFACT_SCHEME = 2  # bump when what a package holds changes (2: an untied LM head)
 MANIFEST = "eaglespec-compiled.json"
 _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 

@@ -161,6 +161,7 @@ class EagleGenerator:
         if head is None:
             gen = cls(tm, None, "none" if tree == "auto" else tree)
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
+            gen.warm()
             return gen
         if head == "default":
             head_dir = default_dir
@@ -184,7 +185,22 @@ class EagleGenerator:
         if tree == "auto":
             limit = None if allow_inexact or numerics is None else numerics.largest_exact()
             use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
+        gen.warm()
         return gen
+
+    @torch.no_grad()
+    def warm(self) -> None:
+        """On the compiled path, build or load now every step the first requests will run: vanilla
+        and each tree --tree auto may move between (a package loads in about a second; building
+        one takes minutes), so that no generation pays for it. Eager: nothing to do."""
+        if self.target.steps.name != "compiled":
+            return
+        prompt = list(range(1, 9))
+        trees = [t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]
+        self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
+        for tree in trees:
+            if tree is not None and (self.head is not None or self.drafter is not None):
+                self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True) -> list[int]:

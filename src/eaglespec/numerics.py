@@ -68,37 +68,51 @@ class NumericsReport:
 
 @torch.no_grad()
 def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), context: int = CONTEXT,
-                       seed: int = 0) -> NumericsReport:
-    """Per-row logits of a q-token chain forward against the same tokens one at a time, for each q
-    in sizes, on a cache of `context` random tokens; plus the time of one single-token step.
-    The one-at-a-time reference is computed once, for the largest q: token i's logits alone depend
-    only on the tokens before it, so every smaller q compares against its first rows."""
-    from .kv_cache import crop
-
+                       seed: int = 0, reference=None) -> NumericsReport:
+    """Per-row logits of a q-token chain step against the same tokens one at a time, for each q
+    in sizes, on a cache of `context` random tokens; plus the time of one single-token step. Both
+    run through the target's decoding step (`target.steps`: eager or compiled), so a compiled
+    target is measured on its own kernels. The one-at-a-time reference is computed once, for the
+    largest q: token i's logits alone depend only on the tokens before it, so every smaller q
+    compares against its first rows. reference: another backend (target.EagerSteps) whose
+    one-at-a-time logits replace this one's as the reference: compiled against eager."""
     g = torch.Generator().manual_seed(seed)
     vocab = min(target.vocab_size, int(getattr(target.config, "vocab_size", target.vocab_size)))
     longest = max(sizes)
     context = min(context, target.max_context - longest - 1)
     prefix = torch.randint(0, vocab, (1, context), generator=g)
     tokens = torch.randint(0, vocab, (1, longest), generator=g)
-    cache = target.new_cache()
-    target.forward(prefix, cache)
-    alone, step_s = [], float("inf")
-    for i in range(longest):
-        start = time.perf_counter()
-        alone.append(target.logits(target.forward(tokens[:, i:i + 1], cache))[0])
-        step_s = min(step_s, time.perf_counter() - start)
-    alone = torch.cat(alone)  # [longest, V]
-    rows = []
+
+    def rows_of(steps):
+        cache = target.new_cache()
+        target.forward(prefix, cache)
+        return steps.start_rows(cache, [context], context + longest + 1)
+
+    def one_at_a_time(steps):
+        rows, logits, best = rows_of(steps), [], float("inf")
+        for i in range(longest):
+            slot, start = rows.length, time.perf_counter()
+            _, (step,) = steps.verify_rows(tokens[:, i:i + 1], rows, torch.ones(1, 1, 1, dtype=torch.bool),
+                                           torch.zeros(1, 1, dtype=torch.long), [1])
+            best = min(best, time.perf_counter() - start)
+            rows.keep_paths(slot, [torch.arange(1)])
+            logits.append(step)
+        return torch.cat(logits), best  # [longest, V]
+
+    alone, step_s = one_at_a_time(target.steps)
+    if reference is not None:
+        alone = one_at_a_time(reference)[0]
+    rows = rows_of(target.steps)
+    out = []
     for q in sizes:
-        crop(cache, context)
-        together = target.logits(target.forward(tokens[:, :q], cache, torch.ones(q, q, dtype=torch.bool).tril(),
-                                                torch.arange(q)))[0]
+        rows.crop(context)
+        _, (together,) = target.steps.verify_rows(tokens[:, :q], rows, torch.ones(q, q, dtype=torch.bool).tril()[None],
+                                                  torch.arange(q)[None], [q])
         ref = alone[:q]
         diff = (together - ref).abs().max().item()
-        rows.append(Invariance(q, diff, bool((together.argmax(-1) == ref.argmax(-1)).all()), diff == 0.0,
-                               ref.abs().max().item()))
-    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(rows), step_s)
+        out.append(Invariance(q, diff, bool((together.argmax(-1) == ref.argmax(-1)).all()), diff == 0.0,
+                              ref.abs().max().item()))
+    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(out), step_s)
 
 
 def parse_dtype(name: str) -> str:
@@ -136,7 +150,8 @@ def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
 
     key = {"scheme": 1, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "transformers": transformers.__version__, "target": target.fingerprint(),
-           "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT}
+           "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT,
+           "steps": target.steps.name}
     path = cache_dir() / f"numerics-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
     if path.is_file() and not (retune or retune_requested()):
         try:
@@ -205,8 +220,11 @@ def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, Num
 def main() -> None:
     """`python -m eaglespec.numerics`: the invariance table of docs/numerics.md for the default
     model, in every format this machine runs (cached measurements are reused)."""
+    import sys
+
+    from .compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
     from .quant import quantize_target
-    from .target import load_target, native_bf16_cpu
+    from .target import EagerSteps, load_target, native_bf16_cpu
 
     formats = [("float32", torch.float32, None), ("int8 weight-only (fp32 compute)", torch.float32, "int8")]
     if native_bf16_cpu():
@@ -218,6 +236,20 @@ def main() -> None:
         quantize_target(target, quantization)
         report = numerics_for(target)
         cells = " | ".join(f"{r.max_diff:.2g}{'' if r.exact else ' ✗'}" for r in report.rows)
+        print(f"| {label} | {cells} | {report.largest_exact()} |", flush=True)
+    # the compiled step (fp32; query sizes up to its buckets): against its own q = 1, and against eager
+    target = load_target(None)
+    on, why = resolve_mode(compile_mode("--compile" in sys.argv and "on" or "auto"), target.device)
+    if not on:
+        print(f"(no compiled rows: {why})")
+        return
+    target.steps = CompiledSteps(target, folder=artefact_dir(target)[0])
+    sizes = tuple(q for q in SIZES if q <= 16)
+    for label, reference in (("float32 compiled, against compiled q = 1", None),
+                             ("float32 compiled, against eager q = 1", EagerSteps(target))):
+        report = measure_invariance(target, sizes, reference=reference)
+        cells = " | ".join(f"{r.max_diff:.2g}{'' if r.exact else ' ✗'}" for r in report.rows)
+        cells += " | -" * (len(SIZES) - len(sizes))
         print(f"| {label} | {cells} | {report.largest_exact()} |", flush=True)
 
 
