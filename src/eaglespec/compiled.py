@@ -39,7 +39,7 @@ import torch
 
 from .attention import additive_mask
 from .errors import EagleError, one_line
-from .kv_cache import RowCache, move_paths
+from .kv_cache import RowCache, in_place, move_paths
 
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -148,8 +148,7 @@ class StaticRows(RowCache):
 
     def keep_paths(self, start: int, paths: list[torch.Tensor]) -> None:
         counts = [p.numel() for p in paths]
-        chains = all(int(x) == start for x in self.lens) and all(torch.equal(p.cpu(), torch.arange(p.numel())) for p in paths)
-        if not chains:  # chains on rows of equal length are already in place
+        if not in_place(self.lens, start, paths):
             move_paths(self.buffers(), self.lens, start, paths)
         self.lens += torch.tensor(counts)
         self._length = int(self.lens.max())
@@ -356,8 +355,8 @@ class CompiledSteps:
             self._untied.requires_grad_(False)
         return self._untied
 
-    def head_steps(self, head, target) -> CompiledHeadSteps:
-        return CompiledHeadSteps(self, head, target)
+    def head_steps(self, head) -> CompiledHeadSteps:
+        return CompiledHeadSteps(self, head, self.target)
 
     def _runner(self, key: tuple, args: tuple, module: torch.nn.Module | None = None, what: str = "the target's step"):
         runner = self._runners.get(key)

@@ -92,7 +92,7 @@ class RowCache:
         entries of its accepted path (block-relative indices, root first), in path order, directly
         after the row's length; then drop the slots no row needs."""
         counts = [p.numel() for p in paths]
-        if all(int(n) == start for n in self.lens) and all(torch.equal(p.cpu(), torch.arange(p.numel())) for p in paths):
+        if in_place(self.lens, start, paths):
             crop(self.cache, start + max(counts))  # chains on rows of equal length: a plain crop
             self.lens += torch.tensor(counts)
             return
@@ -135,6 +135,11 @@ class RowCache:
                 a, b = _pad_slots(getattr(mine, name), length), _pad_slots(getattr(theirs, name), length)
                 setattr(mine, name, torch.cat([a, b], dim=0))
         self.lens = torch.cat([self.lens, other.lens])
+
+
+def in_place(lens: torch.Tensor, start: int, paths: list[torch.Tensor]) -> bool:
+    """Every row ends at `start` and accepted a chain prefix: its entries are already in place."""
+    return all(int(n) == start for n in lens) and all(torch.equal(p.cpu(), torch.arange(p.numel())) for p in paths)
 
 
 def move_paths(tensors: list[torch.Tensor], lens: torch.Tensor, start: int, paths: list[torch.Tensor]) -> None:

@@ -276,11 +276,11 @@ class EagerSteps:
         """The draft-node counts worth measuring for --tree auto: all of them."""
         return sizes
 
-    def head_steps(self, head, target):
+    def head_steps(self, head):
         """The draft head's forward on the same kind of kernels."""
         from .draft.drafter import EagerHeadSteps
 
-        return EagerHeadSteps(head, target)
+        return EagerHeadSteps(head, self.target)
 
     def verify_rows(self, input_ids, rows: RowCache, tree_mask, tree_position_ids, sizes: list[int], layers=None):
         states = self.target.forward_rows(input_ids, rows, tree_mask, tree_position_ids, layers)

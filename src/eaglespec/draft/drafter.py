@@ -102,7 +102,7 @@ class Drafter:
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
         self.lm = head.draft_lm(target, draft_vocab)
         self.dtype = next(head.parameters()).dtype
-        self.steps = target.steps.head_steps(head, target)  # the head's forward: eager or compiled, as the target's
+        self.steps = target.steps.head_steps(head)  # the head's forward: eager or compiled, as the target's
         if isinstance(tree, StaticTree):
             self.max_nodes = tree.num_nodes
             topk = tree.topk_per_node().tolist()
