@@ -261,3 +261,39 @@ def test_packages_are_built_once_loaded_after_and_rebuilt_when_damaged(tmp_path,
     err = capsys.readouterr().err
     assert "ignored the compiled package" in err and "compiling" in err
     assert [p.name for p in tmp_path.glob("*.pt2")] == [package.name] and not list(tmp_path.glob(".*partial*"))
+
+
+def test_gqa_attention_equals_the_stock_sdpa_attention():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    query = torch.randn(2, 4, 3, 16, generator=g)
+    key, value = torch.randn(2, 2, 10, 16, generator=g), torch.randn(2, 2, 10, 16, generator=g)
+    mask = torch.zeros(2, 1, 3, 10)
+    mask[0, :, :, 7:] = mask[1, :, 1, :4] = float("-inf")
+    ours, _ = compiled.gqa_attention(module, query, key, value, mask, scaling=0.25)
+    stock, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    assert ours.shape == stock.shape == (2, 3, 4, 16)
+    torch.testing.assert_close(ours, stock, rtol=0, atol=1e-6)
+    assert not torch.equal(ours[:, :, 0], ours[:, :, 2])  # the two query groups read different key heads
+
+
+def test_gqa_attention_is_set_only_while_a_graph_is_traced(monkeypatch):
+    target = tiny_target("qwen2", dtype=torch.float32, check=False)
+    calls = []
+    real = compiled.gqa_attention
+    monkeypatch.setattr(compiled, "gqa_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        before = target.decoder(input_ids=prompt).last_hidden_state
+        with compiled._Attention(target.decoder):
+            inside = target.decoder(input_ids=torch.tensor([[1, 2, 3, 4]]),
+                                    attention_mask=torch.zeros(1, 1, 4, 4).masked_fill(torch.ones(4, 4).triu(1).bool(), float("-inf")))
+            assert target.decoder.config._attn_implementation == compiled.GQA_ATTENTION
+        assert calls == [1, 1] and target.decoder.config._attn_implementation == "sdpa"
+        after = target.decoder(input_ids=prompt).last_hidden_state
+    assert calls == [1, 1]
+    torch.testing.assert_close(inside.last_hidden_state, before, rtol=0, atol=1e-5)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)

@@ -25,6 +25,12 @@ after the used slots and keeps a few, moved into place after acceptance (`Static
 the gather/scatter of kv_cache.RowCache). HF's attention layers only call
 `cache.update(k, v, layer_idx)`, which `_SlotWriter` answers by writing at the step's slots and
 returning the whole buffers; the 4D mask says which slots each query sees.
+
+Attention in the compiled graphs is HF's SDPA with `enable_gqa` (`gqa_attention`, registered
+through transformers' AttentionInterface, the documented way to swap the attention function, set
+only while a graph is traced). The stock SDPA path, given a mask, first copies each layer's keys
+and values once per query group (`repeat_kv`): over a static cache that copy and the wider SDPA
+cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -205,6 +211,48 @@ class _Step(torch.nn.Module):
         return f, hidden, self.lm_head(f).float()
 
 
+GQA_ATTENTION = "eaglespec_gqa"
+
+
+def gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """HF's attention-function contract (out [B, q, heads, d], no weights): SDPA over the key and
+    value heads as they are (`enable_gqa`), not copied per query group. Anything beyond a plain
+    masked attention (logit softcap, attention sinks, position bias) goes to the stock function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    extras = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None
+    if extras or attention_mask is None or query.shape[1] % key.shape[1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+class _Attention:
+    """While a graph is traced, the module's attention layers call `gqa_attention`."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
+        self.saved = {}
+
+    def __enter__(self):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(GQA_ATTENTION, gqa_attention)
+        for key, config in self.configs.items():
+            if config._attn_implementation == "sdpa":  # eager or flash attention stay as they are
+                self.saved[key] = config._attn_implementation
+                config._attn_implementation = GQA_ATTENTION
+        return self
+
+    def __exit__(self, *exc):
+        for key, was in self.saved.items():
+            self.configs[key]._attn_implementation = was
+        self.saved.clear()
+
+
 def _inductor_options(autotune: bool) -> dict:
     """Inductor's settings for a step: freezing (the weights become constants, pre-packed for its
     C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr."""
@@ -218,11 +266,12 @@ class _Jit:
     def __init__(self, module: torch.nn.Module, autotune: bool):
         self.module = torch.compile(module, dynamic=False)
         self.autotune = autotune
+        self.attention = _Attention(module)
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
-        with torch._inductor.config.patch(_inductor_options(self.autotune)):
+        with torch._inductor.config.patch(_inductor_options(self.autotune)), self.attention:
             return self.module(*args)
 
 
@@ -385,7 +434,8 @@ class CompiledSteps:
         began = time.perf_counter()
         self._say(f"compiling {what}: 1-3 minutes on a 2-core CPU, once (kept in {path.parent})")
         try:
-            program = torch.export.export(module, args, strict=False)
+            with _Attention(module):
+                program = torch.export.export(module, args, strict=False)
         except Exception as exc:  # data-dependent shapes (MoE routing) do not export
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
             return _Jit(module, self.autotune)
@@ -449,7 +499,7 @@ def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
 
 
 # -- the artefact cache -------------------------------------------------------------------------
-ARTEFACT_SCHEME = 2  # bump when what a package holds changes (2: an untied LM head)
+ARTEFACT_SCHEME = 3  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention)
 MANIFEST = "eaglespec-compiled.json"
 _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 
