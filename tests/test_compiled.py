@@ -297,3 +297,16 @@ def test_gqa_attention_is_set_only_while_a_graph_is_traced(monkeypatch):
     assert calls == [1, 1]
     torch.testing.assert_close(inside.last_hidden_state, before, rtol=0, atol=1e-5)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_cached_step_measurements_are_keyed_on_the_artefact_scheme(monkeypatch):
+    from eaglespec.target import EagerSteps
+    from eaglespec.tuning import cost_key
+
+    target = tiny_target("llama", dtype=torch.float32, check=False)
+    gen = EagleGenerator(target, random_head(target), "chain:2")
+    eager = cost_key(gen)
+    target.steps = CompiledSteps(target, progress=False, autotune=False)
+    now = cost_key(gen)
+    monkeypatch.setattr(compiled, "ARTEFACT_SCHEME", compiled.ARTEFACT_SCHEME + 1)
+    assert len({eager["steps"], now["steps"], cost_key(gen)["steps"]}) == 3 and eager["steps"] == EagerSteps.kernels

@@ -362,6 +362,11 @@ class CompiledSteps:
 
     name = "compiled"
 
+    @property
+    def kernels(self) -> str:
+        """What a cached measurement of this path's steps depends on (the artefacts' scheme)."""
+        return f"{self.name}-{ARTEFACT_SCHEME}"
+
     def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
         compile faster without it). folder: where packages are kept (None: in-process graphs)."""

@@ -151,7 +151,7 @@ def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
     key = {"scheme": 1, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "transformers": transformers.__version__, "target": target.fingerprint(),
            "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT,
-           "steps": target.steps.name}
+           "steps": target.steps.kernels}
     path = cache_dir() / f"numerics-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
     if path.is_file() and not (retune or retune_requested()):
         try:

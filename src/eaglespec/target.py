@@ -265,6 +265,7 @@ class EagerSteps:
     """The decoding step on the stock eager forward, over a DynamicCache (kv_cache.RowCache)."""
 
     name = "eager"
+    kernels = "eager"  # what a cached measurement of this path's steps depends on
 
     def __init__(self, target: TargetModel):
         self.target = target

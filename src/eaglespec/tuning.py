@@ -238,7 +238,7 @@ def cost_key(gen) -> dict:
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "eaglespec": __version__,
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."), "quantization": target.quantization,
-            "steps": target.steps.name,
+            "steps": target.steps.kernels,
             "head": _head_architecture(gen), "context": COST_CONTEXT}
 
 
