@@ -1,10 +1,11 @@
 """The memory roofline of one decoding step, and how close each path runs to it.
 
 A single-token step of a small model is bound by reading its weights: every matrix of the decoder
-and the LM head once (the embedding only one row). The floor is those bytes over the machine's
-read bandwidth, measured here as torch's own streaming reduction over a buffer far larger than
-the caches, on the same threads. Each path's vanilla step (eager, compiled) and its verification
-steps are timed in shuffled interleaved rounds in one process (medians), as the cost curve is.
+and the LM head once (the embedding only one row). The floor is the time to stream that many
+bytes, measured here as torch's own reduction over a buffer of the same size (far larger than the
+caches), on the same threads. The read, each path's vanilla step (eager, compiled) and its
+verification steps are timed in shuffled interleaved rounds in one process (medians), as the cost
+curve is, so that a machine shared with other work slows all of them alike.
 
     python -m eaglespec.bench.roofline [--target ...] [--compile on] [--tokens 1,2,4,8]
 """
@@ -34,21 +35,15 @@ def weight_bytes(target) -> int:
     return total
 
 
-def read_bandwidth(gigabytes: float = 1.0, reps: int = 9) -> float:
-    """Bytes per second of torch's sum over a buffer of `gigabytes` (fp32): best of reps."""
-    x = torch.ones(int(gigabytes * 2**30 / 4))
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+READ = ("read", 0)  # the case of step_times that streams the weights' bytes
 
 
 @torch.no_grad()
-def step_times(target, steps: dict, tokens: list[int], context: int = 256, rounds: int = 9) -> dict:
+def step_times(target, steps: dict, tokens: list[int], context: int = 256, rounds: int = 9,
+               read_bytes: int = 0) -> dict:
     """{(path, q): median seconds} of q-token chain verification steps (q = 1: a vanilla step)
-    after `context` cached tokens, every path and size interleaved in shuffled rounds."""
+    after `context` cached tokens, every path and size interleaved in shuffled rounds; with
+    read_bytes, also READ: torch's sum over a buffer of that many bytes (fp32)."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     rows = {}
@@ -56,10 +51,14 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
         cache = target.new_cache()
         target.forward(prompt, cache)
         rows[name] = backend.start_rows(cache, [context], context + max(tokens))
-    cases = [(name, q) for name in steps for q in tokens]
+    cases = [(name, q) for name in steps for q in tokens] + ([READ] if read_bytes else [])
     times = {case: [] for case in cases}
+    buffer = torch.ones(read_bytes // 4) if read_bytes else None
 
     def run(name, q):
+        if (name, q) == READ:
+            buffer.sum()
+            return
         ids = torch.randint(0, target.vocab_size, (1, q), generator=g)
         mask = torch.ones(q, q, dtype=torch.bool).tril()[None]
         steps[name].verify_rows(ids, rows[name], mask, torch.arange(q)[None], [q])
@@ -93,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     if on:
         steps["compiled"] = CompiledSteps(target, folder=artefact_dir(target)[0])
     tokens = [int(x) for x in args.tokens.split(",")]
-    times = step_times(target, steps, tokens, rounds=args.rounds)
-    size, bandwidth = weight_bytes(target), read_bandwidth()
-    floor = size / bandwidth
+    size = weight_bytes(target)
+    times = step_times(target, steps, tokens, rounds=args.rounds, read_bytes=size)
+    floor = times[READ]
+    bandwidth = size / floor
     print(f"weights read per step: {size / 1e6:.0f} MB; read bandwidth: {bandwidth / 1e9:.1f} GB/s "
           f"({torch.get_num_threads()} threads); roofline: {floor * 1e3:.1f} ms a step")
     print(f"path      " + "".join(f"  q={q:<3d} ms" for q in tokens) + "  roofline/q=1  cost(q)/cost(1)")
