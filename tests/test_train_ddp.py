@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_target
-from eaglespec.draft.heads import WEIGHTS
+from eaglespec.draft.contract import WEIGHTS
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig
 from eaglespec.train.trainer import CHECKPOINT, METRICS, train

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_target
+from eaglespec.draft.contract import read_extra
 from eaglespec.draft.head import EagleHead
-from eaglespec.draft.heads import read_extra
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig

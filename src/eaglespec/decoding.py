@@ -70,7 +70,7 @@ class EagleGenerator:
     def __init__(self, target: TargetModel, head=None, tree="eagle1",
                  draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
                  head_dir: Path | None = None):
-        """head: an EagleHead or Eagle3Head (draft/heads.py), or None. tree: a spec string (see
+        """head: an EagleHead or Eagle3Head (draft/contract.py), or None. tree: a spec string (see
         `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto' is resolved by
         `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
         used for every request (tests, other draft methods); by default one is built from `head`

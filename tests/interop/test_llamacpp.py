@@ -70,7 +70,7 @@ def test_the_gguf_holds_what_llamacpps_eagle3_loader_reads(draft_gguf):
     ids, the weights exact, the target's tokenizer, and no embedding (it reads the target's)."""
     from gguf import GGUFReader
 
-    from eaglespec.draft.heads import read_head_files
+    from eaglespec.draft.contract import read_head_files
 
     cfg, sd, _ = read_head_files(EAGLE3_HEAD)
     reader = GGUFReader(draft_gguf)

@@ -53,7 +53,8 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
     file (its config and tokenizer are read by transformers); None: the default target (SmolLM2's
     GGUF). The head is loaded and checked against the target first; nothing is written on error.
     -> [the GGUF written]."""
-    from ..draft.heads import inspect_head, load_head, write_head
+    from ..draft.contract import write_head
+    from ..draft.heads import inspect_head, load_head
 
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     kind = inspect_head(head_dir).kind

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from ..draft import vocab
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
-from ..draft.heads import CONFIG, WEIGHTS
+from ..draft.contract import CONFIG, WEIGHTS
 from ..errors import EagleError
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
