@@ -15,7 +15,7 @@ from tiny_tokenizer import tiny_chat_generator
 
 import eaglespec.batch
 from eaglespec import certify as cf
-from eaglespec.cli import main
+from eaglespec.cli.commands import main
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.errors import EagleError
@@ -99,7 +99,7 @@ def test_defaults_draw_at_least_1000_samples():
 
 
 def cf_args(argv):
-    from eaglespec.cli import build_parser
+    from eaglespec.cli.commands import build_parser
 
     return build_parser().parse_args(["certify", *argv])
 
@@ -173,7 +173,7 @@ def test_certify_refuses_vanilla_and_no_prompts():
 @pytest.mark.parametrize("broken", [False, True])
 def test_the_command_exits_1_on_a_defect(broken, tmp_path, monkeypatch, capsys):
     gen = tiny_chat_generator()
-    monkeypatch.setattr("eaglespec.cli.load_generator", lambda args: gen)
+    monkeypatch.setattr("eaglespec.cli.options.load_generator", lambda args: gen)
     if broken:
         monkeypatch.setattr(eaglespec.batch, "verify_greedy", second_choice_bonus(eaglespec.batch.verify_greedy, always=True))
     out = tmp_path / "cert"
@@ -230,7 +230,7 @@ def test_bad_options_fail_before_loading(argv, message, tmp_path, monkeypatch, c
     def never(args):
         raise AssertionError("the model must not load on bad input")
 
-    monkeypatch.setattr("eaglespec.cli.load_generator", never)
+    monkeypatch.setattr("eaglespec.cli.options.load_generator", never)
     monkeypatch.chdir(tmp_path)
     assert main(["certify", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

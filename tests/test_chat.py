@@ -6,7 +6,7 @@ import pytest
 from serve_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
-from eaglespec.chat import chat_loop, register
+from eaglespec.cli.chat import chat_loop, register
 from eaglespec.config import SamplingParams
 
 

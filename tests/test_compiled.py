@@ -188,7 +188,7 @@ def test_no_cxx_compiler(monkeypatch):
 
 
 def test_no_cxx_compiler_cli(monkeypatch, capsys):
-    from eaglespec.cli import main
+    from eaglespec.cli.commands import main
 
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)

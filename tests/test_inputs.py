@@ -11,7 +11,7 @@ from conftest import tiny_config
 from safetensors.torch import save_file
 
 from eaglespec import decoding
-from eaglespec.cli import main
+from eaglespec.cli.commands import main
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.draft.vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab

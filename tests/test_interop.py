@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from test_decoding import PROMPT
 from test_eagle3 import eagle3_head
 
-from eaglespec.cli import main
+from eaglespec.cli.commands import main
 from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.draft.heads import load_head

@@ -136,7 +136,7 @@ def test_eaglespec_train_under_torchrun(tmp_path, request):
     from transformers import AutoTokenizer
 
     from conftest import tiny_model
-    from eaglespec.cli import main
+    from eaglespec.cli.commands import main
     from eaglespec.target import load_target
     from eaglespec.train.capture import capture
     from eaglespec.train.config import CaptureConfig

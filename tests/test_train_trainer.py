@@ -171,7 +171,7 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     assert len(vanilla.token_ids) == 24
     assert_same_or_tie(target64, prompt, vanilla.token_ids, eagle.token_ids)
     # ... and so does the package's own command line
-    from eaglespec.cli import main as eaglespec_main
+    from eaglespec.cli.commands import main as eaglespec_main
 
     capsys.readouterr()
     assert eaglespec_main(["generate", "--target", str(model_dir), "--head", str(tmp_path / "head"), "--tree", "eagle1",

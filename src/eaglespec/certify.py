@@ -483,7 +483,7 @@ def say(message: str) -> None:
 
 # -- command line -----------------------------------------------------------------------------
 def register(sub) -> None:
-    from .cli import add_model_args
+    from .cli.options import add_model_args
 
     d = CertifySettings()
     p = sub.add_parser("certify", help="check that EAGLE is lossless for a target, head, dtype and tree on this "
@@ -519,7 +519,7 @@ def settings_from(args) -> CertifySettings:
 
 
 def cmd_certify(args) -> int:
-    from .cli import load_generator
+    from .cli.options import load_generator
 
     settings = settings_from(args)
     texts = load_prompts(args.prompts, args.limit)  # bad input fails before the model loads
