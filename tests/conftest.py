@@ -9,7 +9,7 @@ import torch
 # minutes on the real one): set for the whole session, so module-scoped fixtures see it too.
 os.environ["EAGLESPEC_COMPILE"] = "off"
 
-from eaglespec.target import TargetModel
+from eaglespec.engine.target import TargetModel
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
 
@@ -57,7 +57,7 @@ def tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float64, check: 
 def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
     """The target's distribution of the second generated token at temperature 1:
     sum_a p(a | prompt) p(b | prompt, a), exact over every first token a. -> [V]"""
-    from eaglespec.sampling import logits_to_probs
+    from eaglespec.core.sampling import logits_to_probs
 
     first = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], 1.0)
     support = first.nonzero().flatten()

@@ -3,7 +3,7 @@
 import torch
 
 from eaglespec.draft.drafter import DraftTree
-from eaglespec.tree import buffers_from_parents
+from eaglespec.core.tree import buffers_from_parents
 
 
 class OracleDrafter:

@@ -13,10 +13,10 @@ from oracle import OracleDrafter
 from test_verify import flawed_verify
 from tiny_tokenizer import tiny_chat_generator
 
-import eaglespec.batch
-from eaglespec import certify as cf
+import eaglespec.engine.batch
+from eaglespec.tools import certify as cf
 from eaglespec.cli.commands import main
-from eaglespec.decoding import EagleGenerator
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.errors import EagleError
 
@@ -129,7 +129,7 @@ def test_invariance_covers_every_tree_size_by_default():
 
 def test_an_altered_bonus_token_is_a_real_defect(monkeypatch):
     target = tiny_target("llama")
-    monkeypatch.setattr(eaglespec.batch, "verify_greedy", second_choice_bonus(eaglespec.batch.verify_greedy))
+    monkeypatch.setattr(eaglespec.engine.batch, "verify_greedy", second_choice_bonus(eaglespec.engine.batch.verify_greedy))
     gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPTS[0], [-1, 0, 1, 2]))  # always right
     cert = cf.certify(gen, PROMPTS[:1], replace(FAST, samples=30))
     assert not cert.ok and cert.greedy["defects"] == 1 and "1 real greedy defect" in cert.verdict
@@ -152,7 +152,7 @@ def test_a_biased_residual_fails_the_sampling_test(monkeypatch):
     with torch.no_grad():
         target.lm_head.weight.mul_(3.0)
     flawed = flawed_verify(lambda p, node, token: p[token], lambda p, node, token: p)
-    monkeypatch.setattr(eaglespec.batch, "verify_sampling",
+    monkeypatch.setattr(eaglespec.engine.batch, "verify_sampling",
                         lambda tokens, probs_at, parents, generator=None: flawed(tokens, ByNode(probs_at), parents, generator))
     gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPTS[0], [-1, 0]))
     cert = cf.certify(gen, PROMPTS[:1], replace(FAST, samples=300))
@@ -175,7 +175,7 @@ def test_the_command_exits_1_on_a_defect(broken, tmp_path, monkeypatch, capsys):
     gen = tiny_chat_generator()
     monkeypatch.setattr("eaglespec.cli.options.load_generator", lambda args: gen)
     if broken:
-        monkeypatch.setattr(eaglespec.batch, "verify_greedy", second_choice_bonus(eaglespec.batch.verify_greedy, always=True))
+        monkeypatch.setattr(eaglespec.engine.batch, "verify_greedy", second_choice_bonus(eaglespec.engine.batch.verify_greedy, always=True))
     out = tmp_path / "cert"
     code = main(["certify", "--limit", "2", "--max-new-tokens", "8", "--samples", "40", "--sample-prompts", "1",
                  "--sizes", "1,2", "--tree", "eagle1", "--out", str(out)])

@@ -6,8 +6,8 @@ import torch
 from conftest import ARCHS, tiny_target
 from oracle import OracleDrafter
 
-from eaglespec.config import DynamicTreeSpec, parse_tree
-from eaglespec.decoding import EagleGenerator
+from eaglespec.core.config import DynamicTreeSpec, parse_tree
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.errors import EagleError
 

@@ -7,7 +7,7 @@ import torch
 from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
-from eaglespec.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts, split_file,
+from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts, split_file,
                                   unpack_examples)
 
 

@@ -137,7 +137,7 @@ def test_eaglespec_train_under_torchrun(tmp_path, request):
 
     from conftest import tiny_model
     from eaglespec.cli.commands import main
-    from eaglespec.target import load_target
+    from eaglespec.engine.target import load_target
     from eaglespec.train.capture import capture
     from eaglespec.train.config import CaptureConfig
     from test_train_data import smol_tokenizer_dir

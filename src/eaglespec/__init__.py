@@ -24,6 +24,10 @@ __version__ = "0.1.0"
 # is the same module object as the new one, so imports and monkeypatching work through either, and
 # `python -m <old name>` runs the new module.
 MOVED = {
+    **{f"eaglespec.{m}": f"eaglespec.core.{m}" for m in ("attention", "config", "sampling", "tree", "verify")},
+    **{f"eaglespec.{m}": f"eaglespec.engine.{m}" for m in ("batch", "compiled", "decoding", "kv_cache", "numerics",
+                                                           "prompts", "quant", "target", "text", "tuning")},
+    **{f"eaglespec.{m}": f"eaglespec.tools.{m}" for m in ("certify", "device_check", "gpu_recipe")},
     "eaglespec.chat": "eaglespec.cli.chat",
 }
 

@@ -133,7 +133,7 @@ def cmd_bench_batch(args) -> int:
     import torch
 
     from ..cli.options import load_generator
-    from ..target import cpu_identity
+    from ..engine.target import cpu_identity
 
     sizes = parse_sizes(args.batch_sizes)
     if args.max_new_tokens <= 0 or args.rounds <= 0:

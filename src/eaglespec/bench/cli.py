@@ -13,7 +13,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from ..config import SamplingParams
+from ..core.config import SamplingParams
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
 from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, parse_depths

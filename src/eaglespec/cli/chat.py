@@ -12,10 +12,10 @@ import sys
 import time
 from typing import TextIO
 
-from ..config import SamplingParams
-from ..decoding import GenerationResult
+from ..core.config import SamplingParams
+from ..engine.decoding import GenerationResult
 from ..errors import EagleError
-from ..text import TextStream
+from ..engine.text import TextStream
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D) to leave; Ctrl-C stops a reply"
 

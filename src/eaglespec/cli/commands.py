@@ -12,9 +12,9 @@ from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampli
 
 
 def cmd_generate(args) -> int:
-    from ..config import SamplingParams
-    from ..decoding import GenerationResult
-    from ..text import TextStream
+    from ..core.config import SamplingParams
+    from ..engine.decoding import GenerationResult
+    from ..engine.text import TextStream
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:
@@ -48,7 +48,7 @@ def cmd_compile(args) -> int:
     """Build now what a first start would build: with --tree auto, the cost curve is measured on
     the compiled path (every tree size it weighs); then one short generation per batch bucket up
     to --max-batch builds the vanilla and tree steps at that many rows."""
-    from ..compiled import BATCH_BUCKETS
+    from ..engine.compiled import BATCH_BUCKETS
 
     if args.max_batch < 1:
         raise EagleError(f"--max-batch must be >= 1, got {args.max_batch}")
@@ -91,19 +91,19 @@ def cmd_tune(args) -> int:
     reads), then show the tree `--tree auto` would choose."""
     from pathlib import Path
 
-    from ..decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator
     from ..draft.vocab import FILE as VOCAB_FILE
     from ..draft.vocab import count_tokens, save_draft_vocab
     from ..train.config import DataConfig
     from ..train.data import DataSummary, iter_examples
-    from ..target import check_device
-    from ..tuning import SIZES, cache_dir, calibrate, tune
+    from ..engine.target import check_device
+    from ..engine.tuning import SIZES, cache_dir, calibrate, tune
 
     check_device(args.device)
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
-    from ..compiled import compile_mode, use_compiled
+    from ..engine.compiled import compile_mode, use_compiled
 
     mode = compile_mode(args.compile)  # checked now; calibration itself runs eager (acceptance does not depend on kernels)
     gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None,
@@ -170,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compile)
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
-    from .. import certify
-    from . import chat
     from ..bench import batching as bench_batch
     from ..bench import cli as bench_cli
     from ..interop import cli as interop_cli
     from ..serve import cli as serve_cli
+    from ..tools import certify
     from ..train import cli as train_cli
+    from . import chat
 
     train_cli.add_capture_parser(sub)
     train_cli.add_train_parser(sub)

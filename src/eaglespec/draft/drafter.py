@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..attention import additive_mask
-from ..config import DynamicTreeSpec
-from ..kv_cache import RowCache
-from ..tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
+from ..core.attention import additive_mask
+from ..core.config import DynamicTreeSpec
+from ..engine.kv_cache import RowCache
+from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ def _target(target):
     """A TargetModel from a path / name (loaded without the tree check), or as given."""
     if target is None or hasattr(target, "embed_tokens"):
         return target
-    from ..target import load_target
+    from ..engine.target import load_target
 
     return load_target(str(target), check=False)
 

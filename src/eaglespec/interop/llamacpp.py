@@ -95,7 +95,7 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
 def target_hf_dir(target: Path | str | None, into: Path) -> Path:
     """A folder with the target's config.json and tokenizer, as the converter's --target-model-dir
     wants: `target` itself when it is such a folder, else written into `into` from the GGUF."""
-    from ..target import resolve_target
+    from ..engine.target import resolve_target
 
     path = Path(target).expanduser() if target is not None else None
     if path is not None and path.is_dir():

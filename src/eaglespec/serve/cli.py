@@ -46,7 +46,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> "ServeConfig":
-    from ..config import SamplingParams
+    from ..core.config import SamplingParams
     from .config import ServeConfig
 
     SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .errors import EagleError
+from ..errors import EagleError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CONTEXT = 256  # cached tokens the measurement runs on
@@ -144,7 +144,7 @@ def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
 
     import transformers
 
-    from .files import atomic_write_bytes
+    from ..files import atomic_write_bytes
     from .target import cpu_identity
     from .tuning import cache_dir, retune_requested
 
@@ -218,7 +218,7 @@ def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, Num
 
 
 def main() -> None:
-    """`python -m eaglespec.numerics`: the invariance table of docs/numerics.md for the default
+    """`python -m eaglespec.engine.numerics`: the invariance table of docs/numerics.md for the default
     model, in every format this machine runs (cached measurements are reused)."""
     import sys
 

@@ -19,16 +19,16 @@ from typing import Callable, Iterator
 import torch
 
 from .batch import Batch, StepOutput, StepStats
-from .config import DynamicTreeSpec, SamplingParams, parse_tree
-from .draft.drafter import Drafter, DraftTree
-from .draft.head import EagleHead
-from .draft.heads import load_head
-from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
-from .draft.vocab import load_draft_vocab
-from .errors import EagleError
+from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..draft.drafter import Drafter, DraftTree
+from ..draft.head import EagleHead
+from ..draft.heads import load_head
+from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+from ..draft.vocab import load_draft_vocab
+from ..errors import EagleError
 from .target import TargetModel, check_device, default_dtype, load_target
 from .tuning import AdaptiveTree
-from .verify import Acceptance
+from ..core.verify import Acceptance
 
 @dataclass
 class GenerationResult:
@@ -117,9 +117,9 @@ class EagleGenerator:
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
-        from .draft.heads import inspect_head
-        from .draft.shipped import default_head_dir, named_head_dir
-        from .draft.vocab import check_draft_vocab
+        from ..draft.heads import inspect_head
+        from ..draft.shipped import default_head_dir, named_head_dir
+        from ..draft.vocab import check_draft_vocab
         from .tuning import AcceptanceStats, use_auto_tree
 
         def check_head_dir(head_dir: Path) -> None:

@@ -38,8 +38,8 @@ from typing import Callable
 
 import torch
 
-from .errors import EagleError
-from .files import atomic_write_bytes
+from ..errors import EagleError
+from ..files import atomic_write_bytes
 
 # One or two prompts per kind of task users send, written for this check.
 BUILTIN_PROMPTS = (
@@ -106,7 +106,7 @@ def load_prompts(path: str | Path | None, limit: int | None = None) -> list[str]
 def _read_prompts(path: Path) -> list[str]:
     if not path.is_file():
         raise EagleError(f"prompts file {path} not found: pass a JSONL file, one {{\"prompt\": \"...\"}} per line")
-    from .files import jsonl_objects
+    from ..files import jsonl_objects
 
     prompts = [_prompt_text(obj, where) for obj, where in jsonl_objects(path)]
     if not prompts:
@@ -277,7 +277,7 @@ def tree_nodes(gen) -> int:
 
 
 def check_invariance(gen, settings: CertifySettings) -> dict:
-    from .numerics import measure_invariance
+    from ..engine.numerics import measure_invariance
 
     sizes = settings.sizes or tuple(range(1, tree_nodes(gen) + 1))
     report = measure_invariance(gen.target, sizes)
@@ -339,9 +339,9 @@ def certify(gen, prompts: list[list[int]], settings: CertifySettings = CertifySe
 
 def describe(gen) -> dict:
     """What was certified, and on what (measured facts carry their machine)."""
-    from . import __version__
-    from .target import cpu_identity
-    from .tree import StaticTree
+    from .. import __version__
+    from ..engine.target import cpu_identity
+    from ..core.tree import StaticTree
 
     tree = gen.tree
     if isinstance(tree, StaticTree):
@@ -483,7 +483,7 @@ def say(message: str) -> None:
 
 # -- command line -----------------------------------------------------------------------------
 def register(sub) -> None:
-    from .cli.options import add_model_args
+    from ..cli.options import add_model_args
 
     d = CertifySettings()
     p = sub.add_parser("certify", help="check that EAGLE is lossless for a target, head, dtype and tree on this "
@@ -519,7 +519,7 @@ def settings_from(args) -> CertifySettings:
 
 
 def cmd_certify(args) -> int:
-    from .cli.options import load_generator
+    from ..cli.options import load_generator
 
     settings = settings_from(args)
     texts = load_prompts(args.prompts, args.limit)  # bad input fails before the model loads

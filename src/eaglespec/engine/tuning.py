@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .config import parse_tree
-from .draft.drafter import Drafter
-from .errors import EagleError, one_line
-from .files import atomic_write_bytes
-from .tree import StaticTree, static_tree
+from ..core.config import parse_tree
+from ..draft.drafter import Drafter
+from ..errors import EagleError, one_line
+from ..files import atomic_write_bytes
+from ..core.tree import StaticTree, static_tree
 
 STATS_FILE = "acceptance.json"
 CALIBRATION_DEPTH = 6
@@ -228,7 +228,7 @@ def cost_key(gen) -> dict:
     GPU), the software, the thread count, the target's weights and dtype, and the head's shape."""
     import transformers
 
-    from . import __version__
+    from .. import __version__
     from .target import cpu_identity
 
     target = gen.target
