@@ -361,6 +361,7 @@ class CompiledSteps:
     mixture-of-experts layer's data-dependent routing) is compiled in-process instead, said so."""
 
     name = "compiled"
+    builds_steps = True  # each step is a graph built or loaded on first use: EagleGenerator.warm does it at start
 
     @property
     def kernels(self) -> str:

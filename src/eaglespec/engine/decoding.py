@@ -190,10 +190,11 @@ class EagleGenerator:
 
     @torch.no_grad()
     def warm(self) -> None:
-        """On the compiled path, build or load now every step the first requests will run: vanilla
-        and each tree --tree auto may move between (a package loads in about a second; building
-        one takes minutes), so that no generation pays for it. Eager: nothing to do."""
-        if self.target.steps.name != "compiled":
+        """Where the backend builds its steps (the compiled path), build or load now every step the
+        first requests will run: vanilla and each tree --tree auto may move between (a package
+        loads in about a second; building one takes minutes), so that no generation pays for it.
+        Eager: nothing to do."""
+        if not self.target.steps.builds_steps:
             return
         prompt = list(range(1, 9))
         trees = [t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]

@@ -266,6 +266,7 @@ class EagerSteps:
 
     name = "eager"
     kernels = "eager"  # what a cached measurement of this path's steps depends on
+    builds_steps = False  # nothing to build before the first request (EagleGenerator.warm)
 
     def __init__(self, target: TargetModel):
         self.target = target
