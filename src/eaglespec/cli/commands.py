@@ -108,7 +108,7 @@ def cmd_tune(args) -> int:
     mode = compile_mode(args.compile)  # checked now; calibration itself runs eager (acceptance does not depend on kernels)
     gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None,
                                          compile="off")
-    ranks_vocab = gen.head.kind == "eagle1"  # an EAGLE-3 head has its own draft vocabulary (d2t)
+    ranks_vocab = not gen.head.own_vocabulary  # an EAGLE-3 head has its own (d2t)
     if ranks_vocab and (args.recount or not (head_dir / VOCAB_FILE).is_file()):
         summary = DataSummary()
         examples = iter_examples(gen.target.tokenizer, DataConfig(max_examples=args.vocab_examples), summary)

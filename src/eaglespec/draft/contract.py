@@ -10,6 +10,12 @@ A head (EAGLE-1: `head.EagleHead`, EAGLE-3: `eagle3.Eagle3Head`) offers
                     hidden input of the next depth
     draft_lm(target, draft_vocab) -> DraftLM: o -> draft log-probabilities q, draft ids -> target ids
     cache_config    the config its KV cache is built from
+    predicts_features  True: o is its prediction of the target's next feature f, trained by
+                    regressing on f (plus the token loss) from teacher features (EAGLE-1); False: o
+                    is its own state, trained on tokens alone by training-time test over its own
+                    states (EAGLE-3)
+    own_vocabulary  True: it drafts over a vocabulary of its own, kept with its weights (EAGLE-3's
+                    d2t); False: over the target's, which a counted draft vocabulary may cut
 so the drafter, the generation loop and the tuner never ask which kind they hold.
 
 This module sits below both kinds (draft/head.py, draft/eagle3.py); the loader that must know

@@ -149,6 +149,8 @@ class Eagle3Head(nn.Module):
     `draft_lm`; see draft/contract.py."""
 
     kind = "eagle3"
+    predicts_features = False  # o is the head's own state, trained by training-time test (draft/contract.py)
+    own_vocabulary = True  # d2t, saved with the weights
 
     def __init__(self, config: Eagle3Config):
         super().__init__()

@@ -66,6 +66,8 @@ class EagleHead(nn.Module):
 
     kind = "eagle1"
     hidden_layers = None  # reads the target's feature f
+    predicts_features = True  # o is a prediction of f (draft/contract.py)
+    own_vocabulary = False  # the target's vocabulary, or a counted draft vocabulary beside the weights
 
     def __init__(self, target_config, fc_bias: bool = True):
         super().__init__()
