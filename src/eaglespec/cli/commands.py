@@ -97,7 +97,8 @@ def cmd_tune(args) -> int:
     from ..train.config import DataConfig
     from ..train.data import DataSummary, iter_examples
     from ..engine.target import check_device
-    from ..engine.tuning import SIZES, cache_dir, calibrate, tune
+    from ..engine.tuning import SIZES, calibrate, tune
+    from ..files import cache_dir
 
     check_device(args.device)
     head_dir = Path(args.head)

@@ -539,8 +539,7 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from ..files import atomic_write_bytes
-    from .tuning import cache_dir
+    from ..files import atomic_write_bytes, cache_dir
 
     key = artefact_key(target)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

