@@ -9,8 +9,8 @@ from test_decoding import SHAPES, assert_same_or_tie, random_head
 from test_eagle3 import eagle3_head
 from test_verify import chi_square_fits
 
-from eaglespec.engine.batch import Batch
 from eaglespec.core.config import SamplingParams, parse_tree
+from eaglespec.engine.batch import Batch
 from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.engine.kv_cache import RowCache, keep_path
 

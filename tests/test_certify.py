@@ -14,11 +14,11 @@ from test_verify import flawed_verify
 from tiny_tokenizer import tiny_chat_generator
 
 import eaglespec.engine.batch
-from eaglespec.tools import certify as cf
 from eaglespec.cli.commands import main
-from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
+from eaglespec.tools import certify as cf
 
 PROMPTS = [[5, 17, 33, 9, 64, 21, 7, 90, 11, 3], [40, 2, 77, 12, 8]]
 FAST = cf.CertifySettings(max_new_tokens=16, samples=150, sample_prompts=1, sizes=(1, 2, 4))

@@ -13,8 +13,8 @@ from test_decoding import random_head
 from eaglespec.engine import compiled
 from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
 from eaglespec.engine.decoding import EagleGenerator
-from eaglespec.errors import EagleError
 from eaglespec.engine.kv_cache import RowCache
+from eaglespec.errors import EagleError
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 needs_cxx = pytest.mark.skipif(compiled.compiler_problem() is not None,

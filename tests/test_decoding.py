@@ -7,8 +7,8 @@ from conftest import ARCHS, tiny_target
 from oracle import OracleDrafter
 
 from eaglespec.core.config import DynamicTreeSpec, parse_tree
-from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]

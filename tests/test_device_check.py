@@ -12,8 +12,8 @@ from conftest import tiny_target
 from oracle import OracleDrafter
 from test_decoding import PROMPT, random_head
 
-from eaglespec.tools import device_check as dc
 from eaglespec.engine.decoding import EagleGenerator, StepOutput, StepStats
+from eaglespec.tools import device_check as dc
 
 PROMPTS = [PROMPT, [5, 4, 77, 31, 42, 8], [5, 3, 56, 12]]  # one first token: the oracle drafter's assumption
 SETTINGS = dc.CheckSettings(prompts=3, max_new_tokens=24, bench_prompts=2)

@@ -12,9 +12,9 @@ from test_decoding import PROMPT, assert_same_or_tie
 from test_verify import chi_square_fits
 
 from eaglespec.core.attention import additive_mask
-from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.eagle3 import Eagle3Config, Eagle3Head
 from eaglespec.draft.heads import inspect_head, load_head
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 
 DRAFT_VOCAB = 48

@@ -7,8 +7,8 @@ import torch
 from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
-from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts, split_file,
-                                  unpack_examples)
+from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts,
+                                        split_file, unpack_examples)
 
 
 def test_examples_and_model_parts_round_trip(tmp_path):

@@ -16,10 +16,10 @@ from test_decoding import PROMPT
 from test_eagle3 import eagle3_head
 
 from eaglespec.cli.commands import main
-from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
 from eaglespec.draft.heads import load_head
 from eaglespec.draft.vocab import save_draft_vocab
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 from eaglespec.interop.formats import LLAMA_LAYER, detect_format, export_head, import_head
 

@@ -8,9 +8,9 @@ from test_decoding import PROMPT, random_head
 
 from eaglespec.engine import numerics
 from eaglespec.engine.decoding import EagleGenerator
-from eaglespec.errors import EagleError
 from eaglespec.engine.numerics import Invariance, NumericsReport, check_dtype_runs, choose_dtype, measure_invariance
 from eaglespec.engine.quant import Int8WeightOnlyLinear, quantize_target
+from eaglespec.errors import EagleError
 
 SIZES = (1, 2, 4, 8)
 

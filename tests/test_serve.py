@@ -6,9 +6,9 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
+from eaglespec.engine.text import TextStream
 from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
-from eaglespec.engine.text import TextStream
 
 openai = pytest.importorskip("openai")
 

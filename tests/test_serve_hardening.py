@@ -15,8 +15,8 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
-from eaglespec.errors import EagleError
 from eaglespec.engine.prompts import encode_chat, encode_text
+from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from eaglespec.errors import EagleError
 from eaglespec.engine.target import TargetModel
+from eaglespec.errors import EagleError
 from eaglespec.train.config import DataConfig, DistillConfig
 from eaglespec.train.data import DataSummary, iter_examples, read_records, render, source_digest
 from eaglespec.train.distill import MANIFEST, distill, prompt_ids

@@ -7,12 +7,13 @@ import torch
 from conftest import tiny_target
 from oracle import OracleDrafter
 
-from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
-from eaglespec.errors import EagleError
 from eaglespec.engine import tuning
-from eaglespec.engine.tuning import (AcceptanceStats, best_trees, cache_dir, calibrate, calibration_tree, cost_file, cost_key, tune,
-                              use_auto_tree)
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.tuning import (AcceptanceStats, best_trees, calibrate, calibration_tree, cost_file, cost_key, tune,
+                                     use_auto_tree)
+from eaglespec.errors import EagleError
+from eaglespec.files import cache_dir
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 

@@ -35,8 +35,8 @@ def tiny_chat_generator(arch: str = "llama", seed: int = 0, tree: str = "eagle1"
     import torch
     from conftest import tiny_model
 
-    from eaglespec.engine.decoding import EagleGenerator
     from eaglespec.draft.head import EagleHead
+    from eaglespec.engine.decoding import EagleGenerator
     from eaglespec.engine.target import TargetModel
 
     tok = tiny_tokenizer()

@@ -14,8 +14,8 @@ from typing import TextIO
 
 from ..core.config import SamplingParams
 from ..engine.decoding import GenerationResult
-from ..errors import EagleError
 from ..engine.text import TextStream
+from ..errors import EagleError
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D) to leave; Ctrl-C stops a reply"
 

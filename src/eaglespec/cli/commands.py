@@ -91,14 +91,14 @@ def cmd_tune(args) -> int:
     reads), then show the tree `--tree auto` would choose."""
     from pathlib import Path
 
-    from ..engine.decoding import EagleGenerator
     from ..draft.vocab import FILE as VOCAB_FILE
     from ..draft.vocab import count_tokens, save_draft_vocab
-    from ..train.config import DataConfig
-    from ..train.data import DataSummary, iter_examples
+    from ..engine.decoding import EagleGenerator
     from ..engine.target import check_device
     from ..engine.tuning import SIZES, calibrate, tune
     from ..files import cache_dir
+    from ..train.config import DataConfig
+    from ..train.data import DataSummary, iter_examples
 
     check_device(args.device)
     head_dir = Path(args.head)

@@ -17,8 +17,8 @@ from transformers import DynamicCache
 
 from ..core.attention import additive_mask
 from ..core.config import DynamicTreeSpec
-from ..engine.kv_cache import RowCache
 from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
+from ..engine.kv_cache import RowCache
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from typing import Callable
 import torch
 
 from ..core.config import SamplingParams
-from ..draft.drafter import Drafter, DraftTree
-from ..errors import EagleError
 from ..core.sampling import logits_to_probs, sample
-from .target import TargetModel
 from ..core.tree import buffers_from_parents
 from ..core.verify import Acceptance, verify_greedy, verify_sampling
+from ..draft.drafter import Drafter, DraftTree
+from ..errors import EagleError
+from .target import TargetModel
 
 _ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
 

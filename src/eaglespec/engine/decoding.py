@@ -18,17 +18,17 @@ from typing import Callable, Iterator
 
 import torch
 
-from .batch import Batch, StepOutput, StepStats
 from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.verify import Acceptance
 from ..draft.drafter import Drafter, DraftTree
 from ..draft.head import EagleHead
 from ..draft.heads import load_head
 from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 from ..draft.vocab import load_draft_vocab
 from ..errors import EagleError
+from .batch import Batch, StepOutput, StepStats
 from .target import TargetModel, check_device, default_dtype, load_target
 from .tuning import AdaptiveTree
-from ..core.verify import Acceptance
 
 @dataclass
 class GenerationResult:

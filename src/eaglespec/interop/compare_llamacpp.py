@@ -136,8 +136,8 @@ def run(args) -> int:
     from ..bench.datasets import load_questions
     from ..bench.harness import run_bench
     from ..bench.methods import BASELINE, build_methods
-    from ..engine.decoding import EagleGenerator
     from ..draft.shipped import named_head_dir
+    from ..engine.decoding import EagleGenerator
     from ..engine.target import cpu_identity, default_gguf_path
     from .build_llamacpp import server
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from ..draft.head import eagle1_config
 from ..draft.contract import CONFIG, LEGACY_WEIGHTS, check_config_against_weights, head_kind, read_head_files, rope_fields, write_head
+from ..draft.head import eagle1_config
 from ..draft.heads import head_from_files, inspect_head, load_head
 from ..draft.vocab import EXPORTED_DIR
 from ..draft.vocab import FILE as VOCAB_FILE

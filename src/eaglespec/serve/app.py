@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.config import SamplingParams
-from ..errors import EagleError
 from ..engine.prompts import max_token_bytes
+from ..errors import EagleError
 from .config import ServeConfig
 from .engine import Delta, Done, Engine, Failed, Job, QueueFull, Started
 from .guard import Guard

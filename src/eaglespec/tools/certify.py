@@ -340,8 +340,8 @@ def certify(gen, prompts: list[list[int]], settings: CertifySettings = CertifySe
 def describe(gen) -> dict:
     """What was certified, and on what (measured facts carry their machine)."""
     from .. import __version__
-    from ..engine.target import cpu_identity
     from ..core.tree import StaticTree
+    from ..engine.target import cpu_identity
 
     tree = gen.tree
     if isinstance(tree, StaticTree):

@@ -40,14 +40,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..draft import vocab
+from ..draft.contract import CONFIG, WEIGHTS
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
-from ..draft.contract import CONFIG, WEIGHTS
 from ..errors import EagleError
+from ..files import atomic_path, atomic_write_bytes
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
 from .distributed import Distributed
-from ..files import atomic_path, atomic_write_bytes
 from .loss import HeadInputs, LossParts, eagle_loss, head_inputs, rollout_correct, ttt_loss
 
 CHECKPOINT = "checkpoint.pt"
