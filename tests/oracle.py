@@ -2,8 +2,8 @@
 
 import torch
 
+from eaglespec.core.tree import buffers_from_parents
 from eaglespec.draft.drafter import DraftTree
-from eaglespec.tree import buffers_from_parents
 
 
 class OracleDrafter:

@@ -9,10 +9,10 @@ from test_decoding import SHAPES, assert_same_or_tie, random_head
 from test_eagle3 import eagle3_head
 from test_verify import chi_square_fits
 
-from eaglespec.batch import Batch
-from eaglespec.config import SamplingParams, parse_tree
-from eaglespec.decoding import EagleGenerator
-from eaglespec.kv_cache import RowCache, keep_path
+from eaglespec.core.config import SamplingParams, parse_tree
+from eaglespec.engine.batch import Batch
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.kv_cache import RowCache, keep_path
 
 # prompts of different lengths, so rows are padded; budgets differ, so rows leave at different steps
 PROMPTS = [[5, 17, 33, 9, 64, 21, 7, 90, 11, 3], [8, 4], [40, 41, 42, 43, 44, 45], [99, 2, 71, 15, 30]]
@@ -178,7 +178,7 @@ def test_copies_of_a_prompt_share_one_prefill_and_sample_as_if_prefilled_alone(m
     prefills = [c for c in calls if c[1] > 1]
     assert [c[1] for c in prefills] == [len(PROMPTS[0]), len(PROMPTS[2]), len(PROMPTS[0])]
     monkeypatch.setattr(target, "forward_states", forward_states)
-    from eaglespec.batch import Batch
+    from eaglespec.engine.batch import Batch
 
     add = Batch.add
     monkeypatch.setattr(Batch, "add", lambda self, *a, keep_prefill=False, **k: add(self, *a, **k))  # no sharing

@@ -14,7 +14,7 @@ from eaglespec.bench.harness import Journal, first_difference, run_bench
 from eaglespec.bench.methods import BASELINE, HF_GENERATE, HF_PROMPT_LOOKUP, build_methods, parse_depths
 from eaglespec.bench.metrics import Record, acceptance_histogram, n_alpha, speedup, summarize, tau
 from eaglespec.bench.report import PLOTS
-from eaglespec.config import SamplingParams
+from eaglespec.core.config import SamplingParams
 from eaglespec.errors import EagleError
 
 # -- metrics -----------------------------------------------------------------------------------

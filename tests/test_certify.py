@@ -13,12 +13,12 @@ from oracle import OracleDrafter
 from test_verify import flawed_verify
 from tiny_tokenizer import tiny_chat_generator
 
-import eaglespec.batch
-from eaglespec import certify as cf
-from eaglespec.cli import main
-from eaglespec.decoding import EagleGenerator
+import eaglespec.engine.batch
+from eaglespec.cli.commands import main
 from eaglespec.draft.head import EagleHead
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
+from eaglespec.tools import certify as cf
 
 PROMPTS = [[5, 17, 33, 9, 64, 21, 7, 90, 11, 3], [40, 2, 77, 12, 8]]
 FAST = cf.CertifySettings(max_new_tokens=16, samples=150, sample_prompts=1, sizes=(1, 2, 4))
@@ -99,7 +99,7 @@ def test_defaults_draw_at_least_1000_samples():
 
 
 def cf_args(argv):
-    from eaglespec.cli import build_parser
+    from eaglespec.cli.commands import build_parser
 
     return build_parser().parse_args(["certify", *argv])
 
@@ -129,7 +129,7 @@ def test_invariance_covers_every_tree_size_by_default():
 
 def test_an_altered_bonus_token_is_a_real_defect(monkeypatch):
     target = tiny_target("llama")
-    monkeypatch.setattr(eaglespec.batch, "verify_greedy", second_choice_bonus(eaglespec.batch.verify_greedy))
+    monkeypatch.setattr(eaglespec.engine.batch, "verify_greedy", second_choice_bonus(eaglespec.engine.batch.verify_greedy))
     gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPTS[0], [-1, 0, 1, 2]))  # always right
     cert = cf.certify(gen, PROMPTS[:1], replace(FAST, samples=30))
     assert not cert.ok and cert.greedy["defects"] == 1 and "1 real greedy defect" in cert.verdict
@@ -152,7 +152,7 @@ def test_a_biased_residual_fails_the_sampling_test(monkeypatch):
     with torch.no_grad():
         target.lm_head.weight.mul_(3.0)
     flawed = flawed_verify(lambda p, node, token: p[token], lambda p, node, token: p)
-    monkeypatch.setattr(eaglespec.batch, "verify_sampling",
+    monkeypatch.setattr(eaglespec.engine.batch, "verify_sampling",
                         lambda tokens, probs_at, parents, generator=None: flawed(tokens, ByNode(probs_at), parents, generator))
     gen = EagleGenerator(target, drafter=OracleDrafter(target, PROMPTS[0], [-1, 0]))
     cert = cf.certify(gen, PROMPTS[:1], replace(FAST, samples=300))
@@ -173,9 +173,9 @@ def test_certify_refuses_vanilla_and_no_prompts():
 @pytest.mark.parametrize("broken", [False, True])
 def test_the_command_exits_1_on_a_defect(broken, tmp_path, monkeypatch, capsys):
     gen = tiny_chat_generator()
-    monkeypatch.setattr("eaglespec.cli.load_generator", lambda args: gen)
+    monkeypatch.setattr("eaglespec.cli.options.load_generator", lambda args: gen)
     if broken:
-        monkeypatch.setattr(eaglespec.batch, "verify_greedy", second_choice_bonus(eaglespec.batch.verify_greedy, always=True))
+        monkeypatch.setattr(eaglespec.engine.batch, "verify_greedy", second_choice_bonus(eaglespec.engine.batch.verify_greedy, always=True))
     out = tmp_path / "cert"
     code = main(["certify", "--limit", "2", "--max-new-tokens", "8", "--samples", "40", "--sample-prompts", "1",
                  "--sizes", "1,2", "--tree", "eagle1", "--out", str(out)])
@@ -230,7 +230,7 @@ def test_bad_options_fail_before_loading(argv, message, tmp_path, monkeypatch, c
     def never(args):
         raise AssertionError("the model must not load on bad input")
 
-    monkeypatch.setattr("eaglespec.cli.load_generator", never)
+    monkeypatch.setattr("eaglespec.cli.options.load_generator", never)
     monkeypatch.chdir(tmp_path)
     assert main(["certify", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -6,8 +6,8 @@ import pytest
 from serve_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
-from eaglespec.chat import chat_loop, register
-from eaglespec.config import SamplingParams
+from eaglespec.cli.chat import chat_loop, register
+from eaglespec.core.config import SamplingParams
 
 
 @pytest.fixture(scope="module")

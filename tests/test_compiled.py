@@ -10,11 +10,11 @@ import torch
 from conftest import ARCHS, tiny_target
 from test_decoding import random_head
 
-from eaglespec import compiled
-from eaglespec.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
-from eaglespec.decoding import EagleGenerator
+from eaglespec.engine import compiled
+from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.kv_cache import RowCache
 from eaglespec.errors import EagleError
-from eaglespec.kv_cache import RowCache
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 needs_cxx = pytest.mark.skipif(compiled.compiler_problem() is not None,
@@ -188,7 +188,7 @@ def test_no_cxx_compiler(monkeypatch):
 
 
 def test_no_cxx_compiler_cli(monkeypatch, capsys):
-    from eaglespec.cli import main
+    from eaglespec.cli.commands import main
 
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
@@ -300,8 +300,8 @@ def test_gqa_attention_is_set_only_while_a_graph_is_traced(monkeypatch):
 
 
 def test_cached_step_measurements_are_keyed_on_the_artefact_scheme(monkeypatch):
-    from eaglespec.target import EagerSteps
-    from eaglespec.tuning import cost_key
+    from eaglespec.engine.target import EagerSteps
+    from eaglespec.engine.tuning import cost_key
 
     target = tiny_target("llama", dtype=torch.float32, check=False)
     gen = EagleGenerator(target, random_head(target), "chain:2")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from eaglespec.config import DynamicTreeSpec, SamplingParams, parse_tree
+from eaglespec.core.config import DynamicTreeSpec, SamplingParams, parse_tree
 from eaglespec.errors import EagleError
 
 
@@ -28,7 +28,7 @@ def test_the_official_eagle2_spelling(capsys):
     """The official EAGLE-2 (total_token T, depth D, top_k K) is our dynamic:K,D+1,T-1: its
     total_token counts the root, its depth the levels after the first. The mapping is printed
     once per spelling, however often the tree is parsed."""
-    import eaglespec.config as config
+    import eaglespec.core.config as config
 
     config._note_once.cache_clear()
     assert parse_tree("eagle2:60,5,10") == DynamicTreeSpec(top_k=10, depth=6, total_tokens=59)
@@ -78,7 +78,7 @@ def test_bad_sampling(kwargs, field):
 
 
 def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator():
-    from eaglespec.config import SamplingParams
+    from eaglespec.core.config import SamplingParams
 
     assert SamplingParams(1e-30).greedy and SamplingParams(0.0).greedy and not SamplingParams(1e-3).greedy
     SamplingParams(1.0, seed=2**64 - 1)

@@ -6,9 +6,9 @@ import torch
 from conftest import ARCHS, tiny_target
 from oracle import OracleDrafter
 
-from eaglespec.config import DynamicTreeSpec, parse_tree
-from eaglespec.decoding import EagleGenerator
+from eaglespec.core.config import DynamicTreeSpec, parse_tree
 from eaglespec.draft.head import EagleHead
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]

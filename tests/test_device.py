@@ -12,11 +12,11 @@ from test_decoding import PROMPT, SHAPES, random_head
 from test_eagle3 import eagle3_head
 from test_train_capture import synthetic_examples
 
-from eaglespec.decoding import EagleGenerator
-from eaglespec.device_check import NEAR_TIE, find_divergence
 from eaglespec.draft.drafter import DraftTree
 from eaglespec.draft.heads import load_head
-from eaglespec.target import TargetModel
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.target import TargetModel
+from eaglespec.tools.device_check import NEAR_TIE, find_divergence
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig
 from eaglespec.train.trainer import train

@@ -1,4 +1,4 @@
-"""`python -m eaglespec.device_check`: its lossless verdicts and summary on tiny in-process models
+"""`python -m eaglespec.tools.device_check`: its lossless verdicts and summary on tiny in-process models
 (a healthy generator passes; one that drops the bonus token is a real defect, exit 1), the near-tie
 rule on hand-built logits, its one-line refusal without CUDA, and the dry run on the real model."""
 
@@ -12,8 +12,8 @@ from conftest import tiny_target
 from oracle import OracleDrafter
 from test_decoding import PROMPT, random_head
 
-from eaglespec import device_check as dc
-from eaglespec.decoding import EagleGenerator, StepOutput, StepStats
+from eaglespec.engine.decoding import EagleGenerator, StepOutput, StepStats
+from eaglespec.tools import device_check as dc
 
 PROMPTS = [PROMPT, [5, 4, 77, 31, 42, 8], [5, 3, 56, 12]]  # one first token: the oracle drafter's assumption
 SETTINGS = dc.CheckSettings(prompts=3, max_new_tokens=24, bench_prompts=2)
@@ -168,7 +168,7 @@ def test_a_failed_environment_skips_the_other_stages(monkeypatch):
 @pytest.mark.slow
 def test_dry_run_on_the_real_model(tmp_path):
     """What `make device-check-dry` runs: every stage, on SmolLM2 on the CPU."""
-    done = subprocess.run([sys.executable, "-m", "eaglespec.device_check", "--dry-run", "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "eaglespec.tools.device_check", "--dry-run", "--device", "cpu",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 from test_decoding import PROMPT, assert_same_or_tie
 from test_verify import chi_square_fits
 
-from eaglespec.attention import additive_mask
-from eaglespec.decoding import EagleGenerator
+from eaglespec.core.attention import additive_mask
 from eaglespec.draft.eagle3 import Eagle3Config, Eagle3Head
 from eaglespec.draft.heads import inspect_head, load_head
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 
 DRAFT_VOCAB = 48
@@ -342,7 +342,7 @@ def test_the_drafters_chain_is_what_training_time_test_scores(arch):
     """End to end through the real Drafter: draft a chain after a prompt, append the drafted
     tokens to the sequence, and training-time test's step k at the prompt's last column must pick
     the same draft token as the drafter did at depth k+1."""
-    from eaglespec.config import parse_tree
+    from eaglespec.core.config import parse_tree
     from eaglespec.draft.drafter import Drafter
 
     target = tiny_target(arch)

@@ -7,8 +7,8 @@ import torch
 from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
-from eaglespec.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts, split_file,
-                                  unpack_examples)
+from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts,
+                                        split_file, unpack_examples)
 
 
 def test_examples_and_model_parts_round_trip(tmp_path):
@@ -77,7 +77,8 @@ def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert 0 < other["distill"]["new_tokens"] <= 6 * 8 and all(h["steps"] == 2 for h in other["heads"].values())
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2 ** 20 for p in files)
-    from eaglespec.draft.heads import load_head, read_head_files
+    from eaglespec.draft.contract import read_head_files
+    from eaglespec.draft.heads import load_head
 
     cfg, _, _ = read_head_files(out / "eagle3")
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]

@@ -10,14 +10,14 @@ import torch
 from conftest import tiny_config
 from safetensors.torch import save_file
 
-from eaglespec import decoding
-from eaglespec.cli import main
-from eaglespec.decoding import EagleGenerator
+from eaglespec.cli.commands import main
 from eaglespec.draft.head import EagleHead
 from eaglespec.draft.vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
+from eaglespec.engine import decoding
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.target import check_device, load_target, resolve_target
+from eaglespec.engine.tuning import AcceptanceStats
 from eaglespec.errors import EagleError
-from eaglespec.target import check_device, load_target, resolve_target
-from eaglespec.tuning import AcceptanceStats
 
 VOCAB = 128
 

@@ -15,11 +15,11 @@ from safetensors.torch import load_file, save_file
 from test_decoding import PROMPT
 from test_eagle3 import eagle3_head
 
-from eaglespec.cli import main
-from eaglespec.decoding import EagleGenerator
+from eaglespec.cli.commands import main
 from eaglespec.draft.head import EagleHead
 from eaglespec.draft.heads import load_head
 from eaglespec.draft.vocab import save_draft_vocab
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 from eaglespec.interop.formats import LLAMA_LAYER, detect_format, export_head, import_head
 
@@ -440,6 +440,50 @@ def test_a_missing_llamacpp_module_fails_only_that_format(target, tmp_path, monk
         export_head(tmp_path / "head", tmp_path / "out", "llamacpp")
     nothing_written(tmp_path, tmp_path / "out")
     export_head(tmp_path / "head", tmp_path / "out", "sglang")
+
+
+def test_llamacpp_lives_in_the_cache_folder_from_any_directory(tmp_path, monkeypatch):
+    from eaglespec.interop import build_llamacpp
+
+    monkeypatch.delenv(build_llamacpp.ROOT_ENV)
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    for where in (tmp_path / "a", tmp_path / "b"):
+        where.mkdir()
+        monkeypatch.chdir(where)
+        assert build_llamacpp.default_root() == (tmp_path / "cache" / "llamacpp").resolve()
+        with pytest.raises(EagleError, match=f"{tmp_path / 'cache' / 'llamacpp'}.*build_llamacpp --source-only"):
+            build_llamacpp.converter()
+    monkeypatch.setenv(build_llamacpp.ROOT_ENV, str(tmp_path / "mine"))
+    assert build_llamacpp.default_root() == (tmp_path / "mine").resolve()
+
+
+def test_the_llamacpp_export_names_its_extra(target, tmp_path, monkeypatch):
+    from eaglespec.interop import build_llamacpp, llamacpp
+
+    monkeypatch.setenv(build_llamacpp.ROOT_ENV, str(tmp_path / "root"))
+    script = build_llamacpp.source_dir() / "convert_hf_to_gguf.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("raise SystemExit(1)\n")
+    real = llamacpp.importlib.util.find_spec
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    saved_head(target, "eagle3", tmp_path / "head")
+    with pytest.raises(EagleError, match=r"needs the sentencepiece package: pip install 'eaglespec\[llamacpp\]'"):
+        export_head(tmp_path / "head", tmp_path / "out", "llamacpp")
+    nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_every_extra_a_message_names_is_declared():
+    """`pip install 'eaglespec[X]'` in a message is an extra of pyproject.toml, with what it is for."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {m for p in (root / "src").rglob("*.py") for m in re.findall(r"eaglespec\[(\w+)\]", p.read_text())}
+    assert named >= {"llamacpp", "serve"} and named <= set(extras)
+    assert "sentencepiece==0.1.99" in extras["llamacpp"]
+    assert {"fastapi", "uvicorn"} <= {re.split("[<>=]", r)[0] for r in extras["serve"]}
 
 
 @pytest.mark.parametrize("case, says", [

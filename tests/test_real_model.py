@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from eaglespec.decoding import EagleGenerator
+from eaglespec.engine.decoding import EagleGenerator
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_eagle_greedy_equals_vanilla_on_smollm2(generator, prompt, tree):
 
 def test_shipped_head_is_found_in_any_dtype(generator):
     from eaglespec.draft.shipped import default_head_dir
-    from eaglespec.target import load_target
+    from eaglespec.engine.target import load_target
 
     assert generator.head_dir is not None and generator.head_dir == default_head_dir(generator.target)
     assert default_head_dir(load_target(None, torch.bfloat16)) == generator.head_dir  # as CUDA loads it

@@ -4,7 +4,7 @@ import torch
 from conftest import tiny_target
 
 from eaglespec.bench import roofline
-from eaglespec.target import EagerSteps
+from eaglespec.engine.target import EagerSteps
 
 
 def test_weight_bytes_counts_each_matrix_once_and_one_embedding_row():

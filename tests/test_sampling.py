@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from eaglespec.sampling import NUCLEUS_CANDIDATES, _nucleus, _nucleus_from_candidates, logits_to_probs, sample
+from eaglespec.core.sampling import NUCLEUS_CANDIDATES, _nucleus, _nucleus_from_candidates, logits_to_probs, sample
 
 
 def close(actual: torch.Tensor, expected: list[float]) -> bool:

@@ -6,9 +6,9 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
+from eaglespec.engine.text import TextStream
 from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
-from eaglespec.text import TextStream
 
 openai = pytest.importorskip("openai")
 
@@ -205,7 +205,7 @@ def test_a_request_joins_the_running_batch(gen):
 def test_create_app_needs_a_tokenizer(gen):
     from conftest import tiny_target
 
-    from eaglespec.decoding import EagleGenerator
+    from eaglespec.engine.decoding import EagleGenerator
 
     with pytest.raises(EagleError, match="tokenizer"):
         create_app(EagleGenerator(tiny_target("llama", check=False)), ServeConfig())

@@ -15,8 +15,8 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
+from eaglespec.engine.prompts import encode_chat, encode_text
 from eaglespec.errors import EagleError
-from eaglespec.prompts import encode_chat, encode_text
 from eaglespec.serve import ServeConfig, create_app
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
@@ -216,7 +216,7 @@ def test_control_tokens_in_requests_are_plain_text(gen, server):
 def test_smollm2_tokenizer_keeps_ordinary_prompts_and_spells_out_forged_turns():
     from transformers import AutoTokenizer
 
-    from eaglespec.target import resolve_target
+    from eaglespec.engine.target import resolve_target
 
     folder, gguf = resolve_target(None)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

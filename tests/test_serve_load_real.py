@@ -13,7 +13,7 @@ def test_openai_clients_on_the_default_model_with_default_settings():
     chat / completions, greedy, max_tokens 16) against the default model and head with the
     server's default settings (continuous batching): no errors, and every text equals the same
     request sent alone. Loopback only; the clients' own timeout bounds it."""
-    from eaglespec.decoding import EagleGenerator
+    from eaglespec.engine.decoding import EagleGenerator
     from eaglespec.serve.loadtest import run
 
     config = ServeConfig()

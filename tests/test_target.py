@@ -4,10 +4,10 @@ import pytest
 import torch
 from conftest import ARCHS, tiny_config, tiny_target
 
+from eaglespec.core.tree import buffers_from_parents
+from eaglespec.engine.kv_cache import keep_path, new_cache
+from eaglespec.engine.target import TargetModel, resolve_target
 from eaglespec.errors import EagleError
-from eaglespec.kv_cache import keep_path, new_cache
-from eaglespec.target import TargetModel, resolve_target
-from eaglespec.tree import buffers_from_parents
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 3]  # root with two branches of depth 3 and 2
 

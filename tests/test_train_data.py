@@ -33,7 +33,7 @@ def smol_tokenizer_dir(request):
     0.3 s), or in the session's temporary directory when the cache is off (-p no:cacheprovider)."""
     from transformers import AutoTokenizer
 
-    from eaglespec.target import resolve_target
+    from eaglespec.engine.target import resolve_target
 
     cache = getattr(request.config, "cache", None)
     if cache is not None:

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_target
-from eaglespec.draft.heads import WEIGHTS
+from eaglespec.draft.contract import WEIGHTS
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig
 from eaglespec.train.trainer import CHECKPOINT, METRICS, train
@@ -136,8 +136,8 @@ def test_eaglespec_train_under_torchrun(tmp_path, request):
     from transformers import AutoTokenizer
 
     from conftest import tiny_model
-    from eaglespec.cli import main
-    from eaglespec.target import load_target
+    from eaglespec.cli.commands import main
+    from eaglespec.engine.target import load_target
     from eaglespec.train.capture import capture
     from eaglespec.train.config import CaptureConfig
     from test_train_data import smol_tokenizer_dir

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from eaglespec.engine.target import TargetModel
 from eaglespec.errors import EagleError
-from eaglespec.target import TargetModel
 from eaglespec.train.config import DataConfig, DistillConfig
 from eaglespec.train.data import DataSummary, iter_examples, read_records, render, source_digest
 from eaglespec.train.distill import MANIFEST, distill, prompt_ids
@@ -236,20 +236,20 @@ def test_a_distill_directory_is_training_data(target, tmp_path):
 
 
 def test_command(target, tmp_path, monkeypatch, capsys):
-    from eaglespec import cli
+    from eaglespec.cli import commands
     from eaglespec.train import cli as train_cli
 
     monkeypatch.setattr(train_cli, "_load_target", lambda args: target)
     data = chat_file(tmp_path / "chats.jsonl", n=3)
     argv = ["distill", "--data", str(data), "--out", str(tmp_path / "out"), "--max-new-tokens", "4",
             "--max-length", "256", "--max-turns", "1"]
-    assert cli.main(argv) == 0
+    assert commands.main(argv) == 0
     printed = capsys.readouterr()
     assert "distilled 3 conversations (3 replies" in printed.out and "3/3" in printed.err  # the progress bar
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
     assert manifest["options"] == {**DistillConfig().__dict__, "data": str(data), "max_new_tokens": 4,
                                    "max_length": 256, "max_turns": 1}
-    assert cli.main([*argv[:-1], "5", "--no-progress"]) == 2  # other --max-turns: refused
+    assert commands.main([*argv[:-1], "5", "--no-progress"]) == 2  # other --max-turns: refused
     assert "other options (max_turns)" in capsys.readouterr().err
 
 

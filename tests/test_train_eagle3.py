@@ -8,8 +8,8 @@ from test_eagle3 import unrolled_reference
 from test_train_capture import Interrupted, one_thread, synthetic_examples  # noqa: F401 (autouse fixture)
 from test_train_trainer import FailingDataset
 
-from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.heads import load_head
+from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import FeatureDataset, OnlineDataset, capture
 from eaglespec.train.config import CaptureConfig, TrainConfig

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_target
+from eaglespec.draft.contract import read_extra
 from eaglespec.draft.head import EagleHead
-from eaglespec.draft.heads import read_extra
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import OnlineDataset
 from eaglespec.train.config import TrainConfig
@@ -129,7 +129,7 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     """The whole command line on a tiny random model that carries SmolLM2's tokenizer and template."""
     from transformers import AutoTokenizer
 
-    from eaglespec.target import load_target
+    from eaglespec.engine.target import load_target
     from eaglespec.train.cli import main
 
     tokenizer = AutoTokenizer.from_pretrained(smol_tokenizer_dir(request))
@@ -158,7 +158,7 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     plus = tokenizer.convert_tokens_to_ids("Ġplus")
     assert plus in ranked.tolist()  # " plus" is in every reply
     # The engine loads the trained head, and its greedy output is vanilla's (float64: no rounding ties).
-    from eaglespec.decoding import EagleGenerator
+    from eaglespec.engine.decoding import EagleGenerator
     from test_decoding import assert_same_or_tie
 
     target64 = load_target(str(model_dir), dtype=torch.float64, check=False)
@@ -171,7 +171,7 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     assert len(vanilla.token_ids) == 24
     assert_same_or_tie(target64, prompt, vanilla.token_ids, eagle.token_ids)
     # ... and so does the package's own command line
-    from eaglespec.cli import main as eaglespec_main
+    from eaglespec.cli.commands import main as eaglespec_main
 
     capsys.readouterr()
     assert eaglespec_main(["generate", "--target", str(model_dir), "--head", str(tmp_path / "head"), "--tree", "eagle1",

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from eaglespec.tree import (
+from eaglespec.core.tree import (
     EAGLE1_TREE,
     buffers_from_parents,
     chain,

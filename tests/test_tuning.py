@@ -7,12 +7,13 @@ import torch
 from conftest import tiny_target
 from oracle import OracleDrafter
 
-from eaglespec.decoding import EagleGenerator
 from eaglespec.draft.head import EagleHead
+from eaglespec.engine import tuning
+from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.tuning import (AcceptanceStats, best_trees, calibrate, calibration_tree, cost_file, cost_key, tune,
+                                     use_auto_tree)
 from eaglespec.errors import EagleError
-from eaglespec import tuning
-from eaglespec.tuning import (AcceptanceStats, best_trees, cache_dir, calibrate, calibration_tree, cost_file, cost_key, tune,
-                              use_auto_tree)
+from eaglespec.files import cache_dir
 
 PROMPT = [5, 17, 33, 9, 64, 21, 7, 90, 11, 3]
 
@@ -293,14 +294,14 @@ def test_measured_costs_per_batch_size_run_the_batched_step():
 def _ladder():
     """A fake cost model: vanilla 10 ms; trees of 1, 3, 7 nodes cost 11, 12, 16 ms and were
     predicted at tau 1.6, 2.0, 2.3."""
-    from eaglespec.tree import static_tree
+    from eaglespec.core.tree import static_tree
 
     trees = [static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)]), static_tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)])]
     return [(None, 1.0, 0.010), (trees[0], 1.6, 0.011), (trees[1], 2.0, 0.012), (trees[2], 2.3, 0.016)]
 
 
 def test_adaptive_tree_keeps_a_tree_that_pays_and_drops_one_that_does_not():
-    from eaglespec.tuning import AdaptiveTree
+    from eaglespec.engine.tuning import AdaptiveTree
 
     policy = AdaptiveTree(_ladder(), 0.010, start=2, window=8, probe_every=20)
     for _ in range(8):
@@ -325,8 +326,8 @@ def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong
     from conftest import tiny_target
     from oracle import OracleDrafter
 
-    from eaglespec.decoding import EagleGenerator
-    from eaglespec.tuning import AdaptiveTree, TunedTree
+    from eaglespec.engine.decoding import EagleGenerator
+    from eaglespec.engine.tuning import AdaptiveTree, TunedTree
 
     target = tiny_target("llama")
     ladder = _ladder()

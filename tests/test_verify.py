@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from eaglespec.sampling import logits_to_probs
-from eaglespec.tree import chain, static_tree
-from eaglespec.verify import Acceptance, verify_greedy, verify_sampling
+from eaglespec.core.sampling import logits_to_probs
+from eaglespec.core.tree import chain, static_tree
+from eaglespec.core.verify import Acceptance, verify_greedy, verify_sampling
 
 V = 8
 

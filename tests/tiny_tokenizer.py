@@ -35,9 +35,9 @@ def tiny_chat_generator(arch: str = "llama", seed: int = 0, tree: str = "eagle1"
     import torch
     from conftest import tiny_model
 
-    from eaglespec.decoding import EagleGenerator
     from eaglespec.draft.head import EagleHead
-    from eaglespec.target import TargetModel
+    from eaglespec.engine.decoding import EagleGenerator
+    from eaglespec.engine.target import TargetModel
 
     tok = tiny_tokenizer()
     target = TargetModel(tiny_model(arch, seed, vocab_size=len(tok)), tokenizer=tok, name=f"tiny-{arch}")

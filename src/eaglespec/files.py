@@ -1,5 +1,6 @@
 """Atomic file replacement for capture shards, manifests, checkpoints and metrics: a reader sees
-the old file or the new one, never a part."""
+the old file or the new one, never a part. And the one folder where eaglespec keeps what it
+measures or builds on this machine (`cache_dir`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,19 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+
+
+CACHE_ENV = "EAGLESPEC_CACHE"  # a folder for measured facts and builds of this machine (default: the user's cache)
+
+
+def cache_dir() -> Path:
+    """$EAGLESPEC_CACHE, else $XDG_CACHE_HOME/eaglespec, else ~/.cache/eaglespec: cost curves and
+    numerics reports (engine/tuning.py, numerics.py), compiled steps (compiled.py), llama.cpp's
+    build (interop/build_llamacpp.py)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "eaglespec"
 
 
 def _umask() -> int:

@@ -55,8 +55,8 @@ def prompt_ids() -> list[list[int]]:
     """The prompts through SmolLM2's chat template, as eaglespec encodes them."""
     from transformers import AutoTokenizer
 
-    from eaglespec.prompts import encode_chat
-    from eaglespec.target import default_gguf_path
+    from eaglespec.engine.prompts import encode_chat
+    from eaglespec.engine.target import default_gguf_path
 
     gguf = default_gguf_path()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -70,7 +70,7 @@ def test_the_gguf_holds_what_llamacpps_eagle3_loader_reads(draft_gguf):
     ids, the weights exact, the target's tokenizer, and no embedding (it reads the target's)."""
     from gguf import GGUFReader
 
-    from eaglespec.draft.heads import read_head_files
+    from eaglespec.draft.contract import read_head_files
 
     cfg, sd, _ = read_head_files(EAGLE3_HEAD)
     reader = GGUFReader(draft_gguf)
@@ -102,7 +102,7 @@ def test_the_gguf_holds_what_llamacpps_eagle3_loader_reads(draft_gguf):
 
 @pytest.mark.interop
 def test_llama_server_greedy_with_our_draft_equals_without(built, draft_gguf, prompt_ids, tmp_path):
-    from eaglespec.target import default_gguf_path
+    from eaglespec.engine.target import default_gguf_path
 
     target = default_gguf_path()  # the Q4_1 GGUF llama.cpp runs as is
     # one thread: llama.cpp's threads spin at every barrier, which on a shared CPU costs seconds a

@@ -66,7 +66,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from ..cli import add_model_args, load_generator
+    from ..cli.options import add_model_args, load_generator
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.acceptance", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default=MT_BENCH, help=f"{' | '.join(DATASETS)} | a question.jsonl path")

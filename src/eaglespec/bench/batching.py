@@ -25,7 +25,7 @@ DEFAULT_SIZES = "1,2,4,8,16"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_model_args
+    from ..cli.options import add_model_args
 
     p = subparsers.add_parser(
         "bench-batch", help="tokens/s of batched EAGLE and vanilla decoding at several batch sizes",
@@ -132,8 +132,8 @@ def cmd_bench_batch(args) -> int:
 
     import torch
 
-    from ..cli import load_generator
-    from ..target import cpu_identity
+    from ..cli.options import load_generator
+    from ..engine.target import cpu_identity
 
     sizes = parse_sizes(args.batch_sizes)
     if args.max_new_tokens <= 0 or args.rounds <= 0:

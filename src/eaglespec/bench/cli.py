@@ -13,7 +13,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from ..config import SamplingParams
+from ..core.config import SamplingParams
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
 from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, parse_depths
@@ -24,7 +24,7 @@ RESUME_META = ("model", "head", "head_weights", "dtype", "device", "threads", "m
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_model_args, add_sampling_args
+    from ..cli.options import add_model_args, add_sampling_args
 
     p = subparsers.add_parser(
         "bench", help="measure speedup, tau and acceptance of EAGLE against vanilla decoding and HF",
@@ -123,7 +123,7 @@ def execute(gen, questions: list[Question], methods: list[Method], out: Path, me
 
 
 def cmd_bench(args) -> int:
-    from ..cli import load_generator
+    from ..cli.options import load_generator
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:

@@ -22,7 +22,7 @@ from ..errors import EagleError
 
 def formats(device: str) -> list[tuple[str, str, str | None]]:
     """-> (label, dtype, quantization) rows this machine can run."""
-    from ..target import native_bf16_cpu
+    from ..engine.target import native_bf16_cpu
 
     rows = [("fp32", "float32", None)]
     if device.startswith("cuda") or native_bf16_cpu():
@@ -92,10 +92,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.datasets import MT_BENCH, load_questions
-    from ..decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator
+    from ..engine.target import cpu_identity
     from ..files import atomic_write_bytes
-    from ..target import cpu_identity
+    from .datasets import MT_BENCH, load_questions
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.dtypes", description=__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=int, default=10)
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                for q in load_questions(MT_BENCH, args.limit)]
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
+        from ..engine.target import default_gguf_path
         from ..interop.build_llamacpp import server
         from ..interop.llamacpp import LlamaServer
-        from ..target import default_gguf_path
 
         llama = LlamaServer(default_gguf_path(), binary=server()) if args.llamacpp else None
         if llama is not None:  # an idle llama.cpp spins on its cores by default: it would slow our rows

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..config import SamplingParams
+from ..core.config import SamplingParams
 from ..errors import EagleError
 from .datasets import Question
 from .methods import BASELINE, Method

@@ -9,8 +9,8 @@ from typing import Protocol
 
 import torch
 
-from ..config import DynamicTreeSpec, SamplingParams, parse_tree
-from ..decoding import EagleGenerator, GenerationResult
+from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..engine.decoding import EagleGenerator, GenerationResult
 from ..errors import EagleError
 from .metrics import Record
 
@@ -83,7 +83,7 @@ class EagerVanilla(LoopMethod):
         self.kind, self.spec = "reference", "no drafter, eager kernels"
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
-        from ..target import EagerSteps
+        from ..engine.target import EagerSteps
 
         target = self.gen.target
         compiled, target.steps = target.steps, EagerSteps(target)

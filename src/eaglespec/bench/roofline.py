@@ -77,8 +77,8 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
-    from ..target import EagerSteps, load_target
+    from ..engine.compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
+    from ..engine.target import EagerSteps, load_target
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.roofline", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None)

@@ -1,5 +1,5 @@
 """Grows a draft tree with an EAGLE head (EAGLE-1 or EAGLE-3, through the contract of
-draft/heads.py): EAGLE-1 static trees and EAGLE-2 dynamic trees.
+draft/contract.py): EAGLE-1 static trees and EAGLE-2 dynamic trees.
 
 The head consumes (token, hidden) pairs. Pairs built from the target's real states (the feature f
 for EAGLE-1, the fused layers for EAGLE-3, both through `head.encode`) are kept in the head's KV
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ..attention import additive_mask
-from ..config import DynamicTreeSpec
-from ..kv_cache import RowCache
-from ..tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
+from ..core.attention import additive_mask
+from ..core.config import DynamicTreeSpec
+from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
+from ..engine.kv_cache import RowCache
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EagleError
+from .contract import DraftLM, rope_fields, write_head
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -145,9 +146,11 @@ class _MidLayer(nn.Module):
 
 class Eagle3Head(nn.Module):
     """One head interface with `EagleHead` (EAGLE-1): `hidden_layers`, `encode`, `forward`,
-    `draft_lm`; see draft/heads.py."""
+    `draft_lm`; see draft/contract.py."""
 
     kind = "eagle3"
+    predicts_features = False  # o is the head's own state, trained by training-time test (draft/contract.py)
+    own_vocabulary = True  # d2t, saved with the weights
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
@@ -247,9 +250,7 @@ class Eagle3Head(nn.Module):
             attn = attn + weights[..., t + j:t + j + 1] * attn_mod.expand(vj)
         return self._finish(hidden, attn)
 
-    def draft_lm(self, target, draft_vocab=None) -> "DraftLM":
-        from .heads import DraftLM
-
+    def draft_lm(self, target, draft_vocab=None) -> DraftLM:
         if draft_vocab is not None:
             raise EagleError("an EAGLE-3 head drafts over its own vocabulary (d2t): pass no draft_vocab")
 
@@ -289,8 +290,6 @@ class Eagle3Head(nn.Module):
         self.load_state_dict(state, strict=False)
 
     def save_pretrained(self, directory, extra: dict | None = None, max_shard_bytes: int | None = None) -> None:
-        from .heads import write_head
-
         tensors = self.eagle_state_dict()
         if self.config.draft_vocab_size == self.config.vocab_size:  # no tables: vLLM has nothing to load d2t into
             tensors = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
@@ -302,8 +301,6 @@ class Eagle3Head(nn.Module):
         docs/interop.md). `bias: false` is the fc's (SGLang and the official code read it so),
         `attention_bias: false` the attention's; `tie_word_embeddings: false` keeps SGLang from
         replacing lm_head by the embedding."""
-        from .heads import rope_fields
-
         c = self.config
         dtype = str(self.fc.weight.dtype).removeprefix("torch.")
         rope = rope_fields({"rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling})
@@ -334,8 +331,6 @@ class Eagle3Head(nn.Module):
         if cfg.get("norm_before_residual"):
             raise EagleError(f"{source}: norm_before_residual=true (a variant whose residual is the normed hidden state) "
                              "is not supported; only the published EAGLE-3 layout is")
-        from .heads import rope_fields
-
         rope = rope_fields(cfg)
         theta, scaling = rope["rope_theta"], rope["rope_scaling"]
 

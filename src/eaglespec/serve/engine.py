@@ -13,9 +13,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..config import SamplingParams
-from ..decoding import GenerationResult
-from ..text import TextStream
+from ..core.config import SamplingParams
+from ..engine.decoding import GenerationResult
+from ..engine.text import TextStream
 
 
 @dataclass(frozen=True)

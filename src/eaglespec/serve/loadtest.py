@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         report = run(args.url, args.clients, args.requests, args.max_tokens)
     else:
-        from ..decoding import EagleGenerator
+        from ..engine.decoding import EagleGenerator
         from .app import create_app
         from .config import ServeConfig
 

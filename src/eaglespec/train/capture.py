@@ -25,9 +25,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..engine.target import FINGERPRINT_SCHEME
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
-from ..target import FINGERPRINT_SCHEME
 from .config import CaptureConfig, parse_layers, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
 

@@ -91,7 +91,7 @@ def run_distill(args) -> int:
 
 
 def _load_target(args):
-    from ..target import compute_dtype, load_target
+    from ..engine.target import compute_dtype, load_target
 
     dtype = compute_dtype(args.compute_dtype, args.device)
     if args.progress:

@@ -40,14 +40,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..draft import vocab
+from ..draft.contract import CONFIG, WEIGHTS
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
-from ..draft.heads import CONFIG, WEIGHTS
 from ..errors import EagleError
+from ..files import atomic_path, atomic_write_bytes
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
 from .distributed import Distributed
-from ..files import atomic_path, atomic_write_bytes
 from .loss import HeadInputs, LossParts, eagle_loss, head_inputs, rollout_correct, ttt_loss
 
 CHECKPOINT = "checkpoint.pt"
@@ -233,14 +233,14 @@ class Trainer:
     # -- one sequence -------------------------------------------------------------------------
     def _inputs(self, index: int) -> HeadInputs:
         s = self.dataset[index]
-        hidden = s.hidden if self.config.head == "eagle3" else None
+        hidden = s.hidden if self.head.hidden_layers is not None else None
         return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, self.param_dtype,
                            self.device, hidden=hidden)
 
     def _loss(self, inputs: HeadInputs, features: torch.Tensor) -> LossParts:
         c = self.config
         with self.autocast():
-            if c.head == "eagle3":
+            if not self.head.predicts_features:
                 parts = ttt_loss(self.head, HeadInputs(inputs.embeds, features, inputs.target, inputs.mask),
                                  self.lm_head, c.ttt_steps, c.ttt_decay)
                 zero = parts.token_loss.new_zeros(())
@@ -256,7 +256,7 @@ class Trainer:
         over its full vocabulary)."""
         c = self.config
         with self.autocast():
-            if c.head == "eagle1":
+            if self.head.predicts_features:
                 return [(h, positions) for h in rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)]
             wanted = self.target.lm_head(inputs.target[0].to(self.target.dtype)).argmax(-1)
             parts = ttt_loss(self.head, inputs, self.lm_head, max(c.eval_depths, c.ttt_steps), c.ttt_decay, wanted)
@@ -321,7 +321,7 @@ class Trainer:
         self.head.eval()
         c = self.config
         feature, token, positions = 0.0, 0.0, 0
-        depths = c.eval_depths if c.head == "eagle1" else max(c.eval_depths, c.ttt_steps)
+        depths = c.eval_depths if self.head.predicts_features else max(c.eval_depths, c.ttt_steps)
         hits, counted = [0] * depths, [0] * depths
         for index in self.dist.shard(self.eval_idx):
             inputs = self._inputs(index)
@@ -337,7 +337,7 @@ class Trainer:
         feature, token, positions = totals[0], totals[1], int(totals[2])
         hits, counted = [int(x) for x in totals[3:3 + depths]], [int(x) for x in totals[3 + depths:]]
         n = max(positions, 1)
-        weights = (c.feature_loss_weight, c.token_loss_weight) if c.head == "eagle1" else (0.0, 1.0)
+        weights = (c.feature_loss_weight, c.token_loss_weight) if self.head.predicts_features else (0.0, 1.0)
         row = {"kind": "eval", "step": self.step, "epoch": self.epoch, "examples": len(self.eval_idx),
                "positions": positions, "feature_loss": feature / n, "token_loss": token / n,
                "loss": (weights[0] * feature + weights[1] * token) / n}
@@ -450,7 +450,7 @@ class Trainer:
             "final_eval": last_eval(self.history),
         }
         self.head.save_pretrained(self.out_dir, extra=extra)
-        if self.config.head == "eagle1":
+        if not self.head.own_vocabulary:
             vocab.save_draft_vocab(self.out_dir, self.counts)
         self._write_metrics(plot=True)
         if not keep_checkpoint:

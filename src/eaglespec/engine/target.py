@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import causal_mask, rows_tree_mask, tree_attention_mask
-from .errors import EagleError, one_line
+from ..core.attention import causal_mask, rows_tree_mask, tree_attention_mask
+from ..errors import EagleError, one_line
 from .kv_cache import RowCache, cache_length, new_cache
 
 DEFAULT_TARGET = "smollm2"
@@ -266,6 +266,7 @@ class EagerSteps:
 
     name = "eager"
     kernels = "eager"  # what a cached measurement of this path's steps depends on
+    builds_steps = False  # nothing to build before the first request (EagleGenerator.warm)
 
     def __init__(self, target: TargetModel):
         self.target = target
@@ -279,7 +280,7 @@ class EagerSteps:
 
     def head_steps(self, head):
         """The draft head's forward on the same kind of kernels."""
-        from .draft.drafter import EagerHeadSteps
+        from ..draft.drafter import EagerHeadSteps
 
         return EagerHeadSteps(head, self.target)
 

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import additive_mask
-from .errors import EagleError, one_line
+from ..core.attention import additive_mask
+from ..errors import EagleError, one_line
 from .kv_cache import RowCache, in_place, move_paths
 
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -361,6 +361,7 @@ class CompiledSteps:
     mixture-of-experts layer's data-dependent routing) is compiled in-process instead, said so."""
 
     name = "compiled"
+    builds_steps = True  # each step is a graph built or loaded on first use: EagleGenerator.warm does it at start
 
     @property
     def kernels(self) -> str:
@@ -514,7 +515,7 @@ def artefact_key(target) -> dict:
     (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype."""
     import transformers
 
-    from . import __version__
+    from .. import __version__
     from .target import cpu_identity
 
     device = target.device
@@ -538,8 +539,7 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from .files import atomic_write_bytes
-    from .tuning import cache_dir
+    from ..files import atomic_write_bytes, cache_dir
 
     key = artefact_key(target)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""`python -m eaglespec.device_check`: the one prepared check for a lent GPU machine (`make device-check`).
+"""`python -m eaglespec.tools.device_check`: the one prepared check for a lent GPU machine (`make device-check`).
 
 Stages, in order, each with a progress line and a row in the closing summary table:
     env       the packages the check imports, against pyproject.toml's requirements (a machine with
@@ -32,9 +32,9 @@ from typing import Callable
 
 import torch
 
-from .config import SamplingParams, parse_tree
-from .errors import EagleError
-from .files import atomic_write_bytes
+from ..core.config import SamplingParams, parse_tree
+from ..errors import EagleError
+from ..files import atomic_write_bytes
 
 TREE = "eagle1"  # EAGLE-1's 25-node static tree: no tuning, so the verdict is the same on every machine
 GREEDY = SamplingParams()
@@ -115,7 +115,7 @@ def say(message: str) -> None:
 # -- the edge: device and dtype ---------------------------------------------------------------
 def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
     """The device asked for and its fast dtype (bf16 on CUDA, fp32 on CPU), checked once."""
-    from .target import check_device, default_dtype
+    from ..engine.target import check_device, default_dtype
 
     device = check_device(name, "run it on the GPU machine (make device-check), or check on CPU with --device cpu "
                                 "(make device-check-dry)")
@@ -128,7 +128,7 @@ def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
 def requirements() -> dict[str, str]:
     """{package: requirement} from the checkout's pyproject.toml (project and dev dependencies), else
     from the installed package's metadata."""
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     if pyproject.is_file():
         import tomllib
 
@@ -179,7 +179,7 @@ def check_environment(needs_gguf: bool) -> Stage:
 # -- stage: the device tests ------------------------------------------------------------------
 def tests_dir() -> Path:
     """tests/ of the source checkout this package runs from (src layout)."""
-    return Path(__file__).resolve().parents[2] / "tests"
+    return Path(__file__).resolve().parents[3] / "tests"
 
 
 def run_device_tests(device: torch.device, timeout_s: float = TESTS_TIMEOUT_S) -> Stage:
@@ -213,7 +213,7 @@ def spread(items: list, n: int) -> list:
 
 def load_prompts(n: int) -> tuple[list[str], str]:
     """-> (n user messages, where they come from): MT-bench first turns, else the built-in list."""
-    from .bench.datasets import MT_BENCH, load_questions
+    from ..bench.datasets import MT_BENCH, load_questions
 
     try:
         texts = [q.turns[0] for q in load_questions(MT_BENCH)]
@@ -230,7 +230,7 @@ def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[i
                     threshold: float | Callable[[float], float], prompt_index: int = 0) -> Divergence | None:
     """The first difference between two greedy outputs, measured on the target; None when equal.
     threshold: a logit distance, or a function of the top logit there that gives one."""
-    from .bench.harness import first_difference
+    from ..bench.harness import first_difference
 
     i = first_difference(vanilla, eagle)
     if i is None:
@@ -250,7 +250,7 @@ def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[i
 
 def check_lossless(gen, prompts: list[list[int]], settings: CheckSettings) -> Stage:
     """Greedy EAGLE against vanilla on every prompt; a divergence that is not a near-tie fails."""
-    from .bench.methods import BASELINE, LoopMethod
+    from ..bench.methods import BASELINE, LoopMethod
 
     threshold = NEAR_TIE[gen.target.dtype]
     vanilla = LoopMethod(gen, BASELINE)
@@ -285,9 +285,9 @@ def check_lossless(gen, prompts: list[list[int]], settings: CheckSettings) -> St
 def benchmark(gen, prompts: list[list[int]], settings: CheckSettings) -> Stage:
     """Vanilla and EAGLE, warmed up, then alternating which runs first per prompt; the harness's
     timing (device synchronised) and metrics (tokens counted from ids)."""
-    from .bench.harness import WARMUP_TOKENS
-    from .bench.methods import BASELINE, LoopMethod
-    from .bench.metrics import summarize
+    from ..bench.harness import WARMUP_TOKENS
+    from ..bench.methods import BASELINE, LoopMethod
+    from ..bench.metrics import summarize
 
     methods = [LoopMethod(gen, BASELINE), LoopMethod(gen, settings.tree, parse_tree(settings.tree))]
     for method in methods:  # allocation, lazy initialisation and kernel selection: not timed
@@ -336,7 +336,7 @@ def model_stages(gen, prompts: list[list[int]], settings: CheckSettings) -> list
 
 def load_stage(target: str, head: str, settings: CheckSettings, device: torch.device, dtype: torch.dtype):
     """-> (Stage, generator or None)."""
-    from .decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator
 
     loaded = []
 
@@ -395,7 +395,7 @@ def machine(device: torch.device, dtype: torch.dtype, **fields) -> dict:
     """What the figures were measured on (the env stage lists every package's version)."""
     import platform
 
-    from . import __version__
+    from .. import __version__
 
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": str(device), "device_name": _device_name(device),
             "dtype": _dtype_name(dtype), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
@@ -422,7 +422,7 @@ def _num(x: float | None) -> str:
 # -- command line -----------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m eaglespec.device_check",
+        prog="python -m eaglespec.tools.device_check",
         description="The prepared device check: device tests, greedy losslessness in the device's fast dtype, a "
                     "short benchmark; one summary table (also summary.json / summary.md). Exit 1 when a stage "
                     "fails or a real defect is found.")

@@ -25,13 +25,13 @@ from typing import Callable
 
 import torch
 
-from .config import SamplingParams
-from .draft.drafter import Drafter, DraftTree
-from .errors import EagleError
-from .sampling import logits_to_probs, sample
+from ..core.config import SamplingParams
+from ..core.sampling import logits_to_probs, sample
+from ..core.tree import buffers_from_parents
+from ..core.verify import Acceptance, verify_greedy, verify_sampling
+from ..draft.drafter import Drafter, DraftTree
+from ..errors import EagleError
 from .target import TargetModel
-from .tree import buffers_from_parents
-from .verify import Acceptance, verify_greedy, verify_sampling
 
 _ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
 

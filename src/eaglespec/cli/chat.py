@@ -12,10 +12,10 @@ import sys
 import time
 from typing import TextIO
 
-from .config import SamplingParams
-from .decoding import GenerationResult
-from .errors import EagleError
-from .text import TextStream
+from ..core.config import SamplingParams
+from ..engine.decoding import GenerationResult
+from ..engine.text import TextStream
+from ..errors import EagleError
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D) to leave; Ctrl-C stops a reply"
 
@@ -89,7 +89,7 @@ def _reply(gen, history: list[dict], sampling: SamplingParams, max_new_tokens: i
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from .cli import add_model_args, add_sampling_args
+    from .options import add_model_args, add_sampling_args
 
     p = subparsers.add_parser("chat", help="interactive terminal chat with EAGLE decoding",
                               description=f"Multi-turn chat on the target's chat template. {HELP}.")
@@ -101,7 +101,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_chat(args) -> int:
-    from .cli import load_generator
+    from .options import load_generator
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:

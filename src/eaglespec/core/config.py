@@ -7,7 +7,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from .errors import EagleError
+from ..errors import EagleError
 
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM's _SAMPLING_EPS)

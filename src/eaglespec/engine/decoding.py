@@ -18,17 +18,17 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.verify import Acceptance
+from ..draft.drafter import Drafter, DraftTree
+from ..draft.head import EagleHead
+from ..draft.heads import load_head
+from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+from ..draft.vocab import load_draft_vocab
+from ..errors import EagleError
 from .batch import Batch, StepOutput, StepStats
-from .config import DynamicTreeSpec, SamplingParams, parse_tree
-from .draft.drafter import Drafter, DraftTree
-from .draft.head import EagleHead
-from .draft.heads import load_head
-from .draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
-from .draft.vocab import load_draft_vocab
-from .errors import EagleError
 from .target import TargetModel, check_device, default_dtype, load_target
 from .tuning import AdaptiveTree
-from .verify import Acceptance
 
 @dataclass
 class GenerationResult:
@@ -70,7 +70,7 @@ class EagleGenerator:
     def __init__(self, target: TargetModel, head=None, tree="eagle1",
                  draft_vocab: torch.Tensor | None = None, head_note: str = "", drafter: Drafter | None = None,
                  head_dir: Path | None = None):
-        """head: an EagleHead or Eagle3Head (draft/heads.py), or None. tree: a spec string (see
+        """head: an EagleHead or Eagle3Head (draft/contract.py), or None. tree: a spec string (see
         `config.parse_tree`) or a StaticTree / DynamicTreeSpec; 'auto' is resolved by
         `from_pretrained` (see `tuning.use_auto_tree`). drafter: a ready drafter
         used for every request (tests, other draft methods); by default one is built from `head`
@@ -117,9 +117,9 @@ class EagleGenerator:
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
-        from .draft.heads import inspect_head
-        from .draft.shipped import default_head_dir, named_head_dir
-        from .draft.vocab import check_draft_vocab
+        from ..draft.heads import inspect_head
+        from ..draft.shipped import default_head_dir, named_head_dir
+        from ..draft.vocab import check_draft_vocab
         from .tuning import AcceptanceStats, use_auto_tree
 
         def check_head_dir(head_dir: Path) -> None:
@@ -190,10 +190,11 @@ class EagleGenerator:
 
     @torch.no_grad()
     def warm(self) -> None:
-        """On the compiled path, build or load now every step the first requests will run: vanilla
-        and each tree --tree auto may move between (a package loads in about a second; building
-        one takes minutes), so that no generation pays for it. Eager: nothing to do."""
-        if self.target.steps.name != "compiled":
+        """Where the backend builds its steps (the compiled path), build or load now every step the
+        first requests will run: vanilla and each tree --tree auto may move between (a package
+        loads in about a second; building one takes minutes), so that no generation pays for it.
+        Eager: nothing to do."""
+        if not self.target.steps.builds_steps:
             return
         prompt = list(range(1, 9))
         trees = [t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]

@@ -38,8 +38,8 @@ from typing import Callable
 
 import torch
 
-from .errors import EagleError
-from .files import atomic_write_bytes
+from ..errors import EagleError
+from ..files import atomic_write_bytes
 
 # One or two prompts per kind of task users send, written for this check.
 BUILTIN_PROMPTS = (
@@ -106,7 +106,7 @@ def load_prompts(path: str | Path | None, limit: int | None = None) -> list[str]
 def _read_prompts(path: Path) -> list[str]:
     if not path.is_file():
         raise EagleError(f"prompts file {path} not found: pass a JSONL file, one {{\"prompt\": \"...\"}} per line")
-    from .files import jsonl_objects
+    from ..files import jsonl_objects
 
     prompts = [_prompt_text(obj, where) for obj, where in jsonl_objects(path)]
     if not prompts:
@@ -277,7 +277,7 @@ def tree_nodes(gen) -> int:
 
 
 def check_invariance(gen, settings: CertifySettings) -> dict:
-    from .numerics import measure_invariance
+    from ..engine.numerics import measure_invariance
 
     sizes = settings.sizes or tuple(range(1, tree_nodes(gen) + 1))
     report = measure_invariance(gen.target, sizes)
@@ -339,9 +339,9 @@ def certify(gen, prompts: list[list[int]], settings: CertifySettings = CertifySe
 
 def describe(gen) -> dict:
     """What was certified, and on what (measured facts carry their machine)."""
-    from . import __version__
-    from .target import cpu_identity
-    from .tree import StaticTree
+    from .. import __version__
+    from ..core.tree import StaticTree
+    from ..engine.target import cpu_identity
 
     tree = gen.tree
     if isinstance(tree, StaticTree):
@@ -368,17 +368,19 @@ def markdown(cert: Certificate) -> str:
              f"tree {m['tree']} "
              f"({m['tree_nodes']} tokens per verification); {m['cpu']}, {m['threads']} thread(s), "
              f"torch {m['versions']['torch']}, {m['date']}", "",
-             "| check | verdict | result | seconds |", "|---|---|---|---|",
-             f"| 1. greedy identity | {_pass(g['ok'])} | {g['identical']}/{g['prompts']} identical, {g['near_ties']} "
-             f"near-tie(s), {g['defects']} real defect(s); {g['max_new_tokens']} new tokens, mean tau {g['mean_tau']} | "
-             f"{_secs(cert, 'greedy')} |",
-             f"| 2. sampling | {_pass(s['ok'])} | {len(s['tests'])} test(s), {s['failed']} failed; smallest p "
-             f"{min(t['p_value'] for t in s['tests']):.3g} (fails below {s['cutoff']:.3g}){_few(cert)} | "
-             f"{_secs(cert, 'sampling')} |",
-             f"| 3. batch invariance | info | {inv['dtype']}: bitwise at sizes {_ranges(bitwise) or 'none'} of "
-             f"{_ranges([r['size'] for r in inv['rows']])}; max diff {inv['max_diff']:.3g}; argmax "
-             f"{'agrees at every size' if inv['argmax_agrees'] else 'DIFFERS at some size'} | "
-             f"{_secs(cert, 'invariance')} |",
+             *_table(("check", "verdict", "result", "seconds"), [
+                 ("1. greedy identity", _pass(g["ok"]),
+                  f"{g['identical']}/{g['prompts']} identical, {g['near_ties']} near-tie(s), {g['defects']} real "
+                  f"defect(s); {g['max_new_tokens']} new tokens, mean tau {g['mean_tau']}", _secs(cert, "greedy")),
+                 ("2. sampling", _pass(s["ok"]),
+                  f"{len(s['tests'])} test(s), {s['failed']} failed; smallest p "
+                  f"{min(t['p_value'] for t in s['tests']):.3g} (fails below {s['cutoff']:.3g}){_few(cert)}",
+                  _secs(cert, "sampling")),
+                 ("3. batch invariance", "info",
+                  f"{inv['dtype']}: bitwise at sizes {_ranges(bitwise) or 'none'} of "
+                  f"{_ranges([r['size'] for r in inv['rows']])}; max diff {inv['max_diff']:.3g}; argmax "
+                  f"{'agrees at every size' if inv['argmax_agrees'] else 'DIFFERS at some size'}",
+                  _secs(cert, "invariance"))]),
              "", f"**Verdict: {'PASS' if cert.ok else 'FAIL'}**: {cert.verdict}.", "",
              "## 1. Greedy identity", "",
              f"EAGLE against vanilla greedy decoding, token for token. A divergence is a floating-point near-tie when "
@@ -386,28 +388,25 @@ def markdown(cert: Certificate) -> str:
              f"the threshold of the top logit; the threshold is {cert.near_tie_rule}. Near-ties pass; any other "
              f"divergence is a real defect and fails."]
     if g["divergences"]:
-        lines += ["", "| prompt | token | vanilla | EAGLE | top-2 gap | token gap | threshold | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {d['prompt']} | {d['position']} | {_tok(d['vanilla_token'], d['vanilla_text'])} | "
-                  f"{_tok(d['eagle_token'], d['eagle_text'])} | {_num(d['top2_gap'])} | {_num(d['token_gap'])} | "
-                  f"{_num(d['threshold'])} | {'near-tie' if d['near_tie'] else 'REAL DEFECT'} |" for d in g["divergences"]]
+        lines += ["", *_table(("prompt", "token", "vanilla", "EAGLE", "top-2 gap", "token gap", "threshold", "verdict"), [
+            (d["prompt"], d["position"], _tok(d["vanilla_token"], d["vanilla_text"]), _tok(d["eagle_token"], d["eagle_text"]),
+             _num(d["top2_gap"]), _num(d["token_gap"]), _num(d["threshold"]), "near-tie" if d["near_tie"] else "REAL DEFECT")
+            for d in g["divergences"]])]
     lines += ["", "## 2. Sampling", "",
               f"Per prompt and setting, {s['tests'][0]['samples']} draws with EAGLE and as many with vanilla decoding "
               f"(disjoint seeds); the outcome is {_outcome(s['sample_tokens'])}. Two-sample chi-square test of "
               f"homogeneity (outcomes expected fewer than {MIN_EXPECTED:g} times pooled); TV is the total variation "
               f"distance between the two samples. Rule: a test fails when p < {ALPHA:g} / {len(s['tests'])} "
               f"= {s['cutoff']:.3g} (Bonferroni over the tests run); the check fails when any test does.", "",
-              "| prompt | temperature | top-p | outcomes | cells | chi2 | df | p | TV | tree size | verdict |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {t['prompt']} | {t['temperature']:g} | {t['top_p']:g} | {t['outcomes']} | {t['cells']} | "
-              f"{t['chi2']:.1f} | {t['df']} | {t['p_value']:.3g} | {t['tv']:.3f} | {t['mean_tree_size']:.1f} | "
-              f"{_pass(t['ok'])} |" for t in s["tests"]]
+              *_table(("prompt", "temperature", "top-p", "outcomes", "cells", "chi2", "df", "p", "TV", "tree size", "verdict"), [
+                  (t["prompt"], f"{t['temperature']:g}", f"{t['top_p']:g}", t["outcomes"], t["cells"], f"{t['chi2']:.1f}",
+                   t["df"], f"{t['p_value']:.3g}", f"{t['tv']:.3f}", f"{t['mean_tree_size']:.1f}", _pass(t["ok"]))
+                  for t in s["tests"]])]
     lines += ["", "## 3. Batch invariance", "",
               f"Per-row logits of a q-token forward against the same tokens one at a time (numerics.measure_invariance, "
               f"{inv['dtype']}), for the tree sizes this generator may verify. Where a size is not bitwise equal, greedy "
               f"EAGLE may differ from vanilla at a near-tie. Exact: bitwise, or within fp32 summation order (the sizes "
-              f"`--tree auto` uses without `--allow-inexact`).", "",
-              "| size | max diff | argmax agrees | bitwise | exact |", "|---|---|---|---|---|"]
+              f"`--tree auto` uses without `--allow-inexact`).", ""]
     runs: list[tuple[list[int], tuple]] = []  # consecutive sizes with the same measurement share a row
     for r in inv["rows"]:
         same = (r["max_diff"], r["argmax_agrees"], r["bitwise"], r["exact"])
@@ -415,9 +414,16 @@ def markdown(cert: Certificate) -> str:
             runs[-1][0].append(r["size"])
         else:
             runs.append(([r["size"]], same))
-    lines += [f"| {_ranges(sizes)} | {diff:.3g} | {_yes(agrees, 'NO')} | {_yes(bitwise)} | {_yes(exact)} |"
-              for sizes, (diff, agrees, bitwise, exact) in runs]
+    lines += _table(("size", "max diff", "argmax agrees", "bitwise", "exact"),
+                    [(_ranges(sizes), f"{diff:.3g}", _yes(agrees, "NO"), _yes(bitwise), _yes(exact))
+                     for sizes, (diff, agrees, bitwise, exact) in runs])
     return "\n".join(lines) + "\n"
+
+
+def _table(header: tuple[str, ...], rows) -> list[str]:
+    """A markdown table's lines: the header, its rule, a line per row of already formatted cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
 
 
 def write(cert: Certificate, out: Path) -> tuple[Path, Path]:
@@ -483,7 +489,7 @@ def say(message: str) -> None:
 
 # -- command line -----------------------------------------------------------------------------
 def register(sub) -> None:
-    from .cli import add_model_args
+    from ..cli.options import add_model_args
 
     d = CertifySettings()
     p = sub.add_parser("certify", help="check that EAGLE is lossless for a target, head, dtype and tree on this "
@@ -519,7 +525,7 @@ def settings_from(args) -> CertifySettings:
 
 
 def cmd_certify(args) -> int:
-    from .cli import load_generator
+    from ..cli.options import load_generator
 
     settings = settings_from(args)
     texts = load_prompts(args.prompts, args.limit)  # bad input fails before the model loads

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .errors import EagleError
+from ..errors import EagleError
 
 
 def new_cache(config) -> DynamicCache:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import EagleError
+from ..errors import EagleError
 
 QUANTIZATIONS = ("none", "int8")
 

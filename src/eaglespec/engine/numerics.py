@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .errors import EagleError
+from ..errors import EagleError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CONTEXT = 256  # cached tokens the measurement runs on
@@ -48,7 +48,6 @@ class Invariance:
 class NumericsReport:
     dtype: str
     rows: tuple[Invariance, ...]
-    step_s: float        # one single-token forward (a vanilla step) in this dtype, seconds
 
     def exact_sizes(self) -> list[int]:
         return [r.size for r in self.rows if r.exact]
@@ -63,19 +62,19 @@ class NumericsReport:
         return best
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "step_s": self.step_s, "rows": [asdict(r) for r in self.rows]}
+        return {"dtype": self.dtype, "rows": [asdict(r) for r in self.rows]}
 
 
 @torch.no_grad()
 def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), context: int = CONTEXT,
                        seed: int = 0, reference=None) -> NumericsReport:
     """Per-row logits of a q-token chain step against the same tokens one at a time, for each q
-    in sizes, on a cache of `context` random tokens; plus the time of one single-token step. Both
-    run through the target's decoding step (`target.steps`: eager or compiled), so a compiled
-    target is measured on its own kernels. The one-at-a-time reference is computed once, for the
-    largest q: token i's logits alone depend only on the tokens before it, so every smaller q
-    compares against its first rows. reference: another backend (target.EagerSteps) whose
-    one-at-a-time logits replace this one's as the reference: compiled against eager."""
+    in sizes, on a cache of `context` random tokens. Both run through the target's decoding step
+    (`target.steps`: eager or compiled), so a compiled target is measured on its own kernels.
+    The one-at-a-time reference is computed once, for the largest q: token i's logits alone
+    depend only on the tokens before it, so every smaller q compares against its first rows.
+    reference: another backend (target.EagerSteps) whose one-at-a-time logits replace this
+    one's as the reference: compiled against eager."""
     g = torch.Generator().manual_seed(seed)
     vocab = min(target.vocab_size, int(getattr(target.config, "vocab_size", target.vocab_size)))
     longest = max(sizes)
@@ -89,19 +88,16 @@ def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), cont
         return steps.start_rows(cache, [context], context + longest + 1)
 
     def one_at_a_time(steps):
-        rows, logits, best = rows_of(steps), [], float("inf")
+        rows, logits = rows_of(steps), []
         for i in range(longest):
-            slot, start = rows.length, time.perf_counter()
+            slot = rows.length
             _, (step,) = steps.verify_rows(tokens[:, i:i + 1], rows, torch.ones(1, 1, 1, dtype=torch.bool),
                                            torch.zeros(1, 1, dtype=torch.long), [1])
-            best = min(best, time.perf_counter() - start)
             rows.keep_paths(slot, [torch.arange(1)])
             logits.append(step)
-        return torch.cat(logits), best  # [longest, V]
+        return torch.cat(logits)  # [longest, V]
 
-    alone, step_s = one_at_a_time(target.steps)
-    if reference is not None:
-        alone = one_at_a_time(reference)[0]
+    alone = one_at_a_time(target.steps if reference is None else reference)
     rows = rows_of(target.steps)
     out = []
     for q in sizes:
@@ -112,7 +108,7 @@ def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), cont
         diff = (together - ref).abs().max().item()
         out.append(Invariance(q, diff, bool((together.argmax(-1) == ref.argmax(-1)).all()), diff == 0.0,
                               ref.abs().max().item()))
-    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(out), step_s)
+    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(out))
 
 
 def parse_dtype(name: str) -> str:
@@ -137,18 +133,19 @@ SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 65)  # q = tree nodes + root, 
 
 
 def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
-    """`measure_invariance` for this target, cached beside the cost curves (tuning.cache_dir),
+    """`measure_invariance` for this target, cached beside the cost curves (files.cache_dir),
     keyed by the machine, software, threads, weights, dtype and quantization."""
     import hashlib
     import json
 
     import transformers
 
-    from .files import atomic_write_bytes
+    from ..files import atomic_write_bytes, cache_dir
     from .target import cpu_identity
-    from .tuning import cache_dir, retune_requested
+    from .tuning import retune_requested
 
-    key = {"scheme": 1, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
+    # scheme 2: reports no longer carry a step time (choose_dtype times the dtypes side by side)
+    key = {"scheme": 2, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "transformers": transformers.__version__, "target": target.fingerprint(),
            "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT,
            "steps": target.steps.kernels}
@@ -158,7 +155,7 @@ def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
             data = json.loads(path.read_text())
             if data["key"] == key:
                 r = data["report"]
-                return NumericsReport(r["dtype"], tuple(Invariance(**row) for row in r["rows"]), float(r["step_s"]))
+                return NumericsReport(r["dtype"], tuple(Invariance(**row) for row in r["rows"]))
         except (OSError, ValueError, KeyError, TypeError):
             pass  # damaged: measure again and rewrite
     report = measure_invariance(target, sizes)
@@ -218,7 +215,7 @@ def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, Num
 
 
 def main() -> None:
-    """`python -m eaglespec.numerics`: the invariance table of docs/numerics.md for the default
+    """`python -m eaglespec.engine.numerics`: the invariance table of docs/numerics.md for the default
     model, in every format this machine runs (cached measurements are reused)."""
     import sys
 

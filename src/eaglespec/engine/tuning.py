@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .config import parse_tree
-from .draft.drafter import Drafter
-from .errors import EagleError, one_line
-from .files import atomic_write_bytes
-from .tree import StaticTree, static_tree
+from ..core.config import parse_tree
+from ..core.tree import StaticTree, static_tree
+from ..draft.drafter import Drafter
+from ..errors import EagleError, one_line
+from ..files import CACHE_ENV, atomic_write_bytes, cache_dir
 
 STATS_FILE = "acceptance.json"
 CALIBRATION_DEPTH = 6
@@ -189,20 +189,9 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
 
 
 # -- the cost curve, cached per machine ---------------------------------------------------------
-CACHE_ENV = "EAGLESPEC_CACHE"     # a folder for measured facts of this machine (default: the user's cache)
 RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
 COST_SCHEME = 2                   # bump when what measure_step_costs times changes
 COST_CONTEXT = 256                # tokens in the cache a cost is measured on
-
-
-def cache_dir() -> Path:
-    """$EAGLESPEC_CACHE, else $XDG_CACHE_HOME/eaglespec, else ~/.cache/eaglespec."""
-    import os
-
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "eaglespec"
 
 
 def retune_requested() -> bool:
@@ -228,7 +217,7 @@ def cost_key(gen) -> dict:
     GPU), the software, the thread count, the target's weights and dtype, and the head's shape."""
     import transformers
 
-    from . import __version__
+    from .. import __version__
     from .target import cpu_identity
 
     target = gen.target
