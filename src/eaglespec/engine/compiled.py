@@ -234,13 +234,13 @@ class _Attention:
     """While a graph is traced, the module's attention layers call `gqa_attention`."""
 
     def __init__(self, module: torch.nn.Module):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(GQA_ATTENTION, gqa_attention)  # once: __enter__ runs on every JIT call
         self.configs = {id(c): c for m in module.modules() if hasattr(c := getattr(m, "config", None), "_attn_implementation")}
         self.saved = {}
 
     def __enter__(self):
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(GQA_ATTENTION, gqa_attention)
         for key, config in self.configs.items():
             if config._attn_implementation == "sdpa":  # eager or flash attention stay as they are
                 self.saved[key] = config._attn_implementation
