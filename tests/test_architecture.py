@@ -21,7 +21,7 @@ LAYERS = ("base", "core", "engine", "jobs", "entry")  # lowest first
 # A module's layer is that of the longest name here it is, or sits under; the package root only
 # by its exact name (every module sits under it).
 LAYER_OF = {
-    "eaglespec": "base", "eaglespec.errors": "base", "eaglespec.files": "base",
+    "eaglespec": "base", "eaglespec.errors": "base", "eaglespec.files": "base", "eaglespec.pause": "base",
     "eaglespec.core": "core",
     "eaglespec.engine": "engine", "eaglespec.draft": "engine",
     "eaglespec.bench": "jobs", "eaglespec.interop": "jobs", "eaglespec.serve": "jobs", "eaglespec.train": "jobs",

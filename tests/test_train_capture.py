@@ -85,6 +85,13 @@ def chat_file(path, n=7):
     return path
 
 
+def without_timings(manifest: dict) -> dict:
+    """A manifest without what differs from run to run: each shard's seconds and peak memory."""
+    for shard in manifest["shards"]:
+        assert shard.pop("seconds") >= 0 and shard.pop("peak_rss_mb") > 0
+    return manifest
+
+
 @pytest.mark.parametrize("source", ["examples", "file"])
 def test_resumed_capture_equals_uninterrupted(target, tmp_path, source):
     from bench_helpers import tiny_tokenizer
@@ -104,7 +111,7 @@ def test_resumed_capture_equals_uninterrupted(target, tmp_path, source):
         FeatureDataset(tmp_path / "cut")
     # The rerun starts at example 4: a target that fails on a fifth forward would show a restart.
     capture(FailingTarget(target, calls=3), config, tmp_path / "cut", examples=examples, progress=False)
-    whole, cut = (json.loads((tmp_path / d / MANIFEST).read_text()) for d in ("whole", "cut"))
+    whole, cut = (without_timings(json.loads((tmp_path / d / MANIFEST).read_text())) for d in ("whole", "cut"))
     assert whole == cut
     if source == "file":
         assert whole["examples"] == 7 and whole["summary"]["skipped_no_assistant"] == 1
@@ -160,3 +167,73 @@ def test_online_dataset_computes_the_same_features(target):
     data = OnlineDataset(target, examples)
     assert len(data) == 2 and data.identity == target.identity()
     assert torch.equal(data[1].features, target.features(examples[1].input_ids[None])[0])
+
+
+def test_a_full_disk_stops_the_capture_resumably(target, tmp_path, monkeypatch):
+    import errno
+
+    import eaglespec.train.capture as capture_module
+
+    examples = synthetic_examples()
+    capture(target, CONFIG, tmp_path / "whole", examples=examples, progress=False)
+    real, calls = capture_module.save_file, []
+
+    def filling_disk(tensors, path):  # the third shard meets a full disk halfway through its file
+        calls.append(path)
+        if len(calls) == 3:
+            with open(path, "wb") as f:
+                f.write(b"half a shard")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tensors, path)
+
+    monkeypatch.setattr(capture_module, "save_file", filling_disk)
+    with pytest.raises(EagleError, match=r"disk .* is full .* shard 2: the 2 complete shard\(s\) \(4 conversations\) are kept"):
+        capture(target, CONFIG, tmp_path / "cut", examples=examples, progress=False)
+    manifest = json.loads((tmp_path / "cut" / MANIFEST).read_text())
+    assert (manifest["complete"], len(manifest["shards"]), manifest["examples"]) == (False, 2, 4)
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [MANIFEST, "shard-00000.safetensors",
+                                                                    "shard-00001.safetensors"]
+    monkeypatch.setattr(capture_module, "save_file", real)  # space freed: the same command continues
+    capture(target, CONFIG, tmp_path / "cut", examples=examples, progress=False)
+    whole, cut = (without_timings(json.loads((tmp_path / d / MANIFEST).read_text())) for d in ("whole", "cut"))
+    assert whole == cut
+
+
+def test_other_write_errors_are_not_called_a_full_disk(target, tmp_path, monkeypatch):
+    import eaglespec.train.capture as capture_module
+
+    def broken(tensors, path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(capture_module, "save_file", broken)
+    with pytest.raises(PermissionError):
+        capture(target, CONFIG, tmp_path, examples=synthetic_examples(), progress=False)
+
+
+def test_a_pause_file_holds_the_capture_between_conversations(target, tmp_path, monkeypatch):
+    import threading
+
+    import eaglespec.pause as pause
+
+    monkeypatch.setattr(pause, "POLL_S", 0.05)
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / pause.PAUSE_FILE).touch()
+    forwards = []
+    counting = FailingTarget(target, calls=100)
+    original = counting.capture_states
+    counting.capture_states = lambda *a, **k: forwards.append(1) or original(*a, **k)
+    seen_paused = threading.Event()
+
+    def resume_later():
+        import time
+
+        time.sleep(0.4)
+        if not forwards:  # nothing was captured while the file was there
+            seen_paused.set()
+        (tmp_path / pause.PAUSE_FILE).unlink()
+
+    thread = threading.Thread(target=resume_later)
+    thread.start()
+    manifest = capture(counting, CONFIG, tmp_path, examples=synthetic_examples(), progress=False)
+    thread.join()
+    assert seen_paused.is_set() and manifest["complete"] and len(forwards) == 7

@@ -38,7 +38,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per batch size; the best of each is kept")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-batch-<timestamp>)")
     add_model_args(p)
-    p.set_defaults(func=cmd_bench_batch)
+    p.set_defaults(func=cmd_bench_batch, holds_machine=True)
     return p
 
 

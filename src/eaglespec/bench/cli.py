@@ -48,7 +48,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_model_args(p)
     add_sampling_args(p)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, holds_machine=True)
     return p
 
 

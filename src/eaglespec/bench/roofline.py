@@ -79,6 +79,7 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
 def main(argv: list[str] | None = None) -> int:
     from ..engine.compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
     from ..engine.target import EagerSteps, load_target
+    from ..pause import hold_machine
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.roofline", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None)
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         steps["compiled"] = CompiledSteps(target, folder=artefact_dir(target)[0])
     tokens = [int(x) for x in args.tokens.split(",")]
     size = weight_bytes(target)
-    times = step_times(target, steps, tokens, rounds=args.rounds, read_bytes=size)
+    with hold_machine():  # a background capture or training run sleeps meanwhile
+        times = step_times(target, steps, tokens, rounds=args.rounds, read_bytes=size)
     floor = times[READ]
     bandwidth = size / floor
     print(f"weights read per step: {size / 1e6:.0f} MB; read bandwidth: {bandwidth / 1e9:.1f} GB/s "

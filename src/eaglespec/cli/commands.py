@@ -4,6 +4,7 @@ register themselves (`register(subparsers)`); generate, tune and compile live he
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare-vanilla", action="store_true", help="also run vanilla decoding and print the speedup")
     add_model_args(g)
     add_sampling_args(g)
-    g.set_defaults(func=cmd_generate)
+    g.set_defaults(func=cmd_generate, holds_machine=True)
 
     t = sub.add_parser("tune", help="measure a head's acceptance and draft vocabulary; show the auto tree")
     t.add_argument("--head", required=True, help="EAGLE head directory (acceptance.json and draft_vocab.safetensors are written into it)")
@@ -162,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
     add_compile_arg(t)
-    t.set_defaults(func=cmd_tune)
+    t.set_defaults(func=cmd_tune, holds_machine=True)
 
     c = sub.add_parser("compile", help="build the compiled decoding steps ahead of time (kept on disk for later starts)")
     add_model_args(c)
@@ -200,8 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(int(os.environ["EAGLESPEC_NUM_THREADS"]))
+    from ..pause import hold_machine
+
+    # a timing command holds the machine: captures and training runs sleep until it ends (pause.py)
+    holding = hold_machine() if getattr(args, "holds_machine", False) else contextlib.nullcontext()
     try:
-        return args.func(args)
+        with holding:
+            return args.func(args)
     except EagleError as exc:
         print(f"eaglespec: error: {exc}", file=sys.stderr)
         return 2

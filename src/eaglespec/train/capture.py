@@ -13,9 +13,11 @@ complete, so a reader never sees half a shard and a rerun continues after the la
 from __future__ import annotations
 
 import bisect
+import errno
 import itertools
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from tqdm.auto import tqdm
 from ..engine.target import FINGERPRINT_SCHEME
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
+from ..pause import PAUSE_FILE, wait_if_paused
 from .config import CaptureConfig, parse_layers, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
 
@@ -142,7 +145,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     if overwrite:
         _clear(directory)
     if manifest is None:
-        if any(p.name != MANIFEST for p in directory.iterdir() if p.suffix != ".tmp"):
+        if any(p.name not in (MANIFEST, PAUSE_FILE) for p in directory.iterdir() if p.suffix != ".tmp"):
             raise EagleError(f"{directory} is not empty and holds no capture: pass an empty or new --out")
         manifest = {"format": FORMAT, "target": target.identity(), "options": options,
                     "feature_dtype": config.feature_dtype, "hidden_size": target.hidden_size,
@@ -156,8 +159,10 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     bar = tqdm(total=config.max_examples, initial=done, unit="ex", desc="capture", disable=not progress,
                dynamic_ncols=True)
     pending: list[Sample] = []
+    started = time.monotonic()
     with bar:
         for example in itertools.islice(examples, done, None):
+            started += wait_if_paused(directory, bar.write)  # a benchmark or a PAUSE file: time paused is not capture time
             states = target.capture_states(example.input_ids[None], layers=layers)
             hidden = states.hidden[0].to(storage).cpu() if layers else None  # [T, k*H]
             pending.append(Sample(example.input_ids, example.loss_mask, states.features[0].to(storage).cpu(), hidden))
@@ -165,11 +170,11 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
                 bar.total = min(summary.available, config.max_examples or summary.available)
             bar.update(1)
             if len(pending) == config.shard_size:
-                _commit(directory, manifest, pending)
-                pending = []
+                _commit(directory, manifest, pending, time.monotonic() - started)
+                pending, started = [], time.monotonic()
                 bar.set_postfix(tokens=manifest["tokens"], shards=len(manifest["shards"]))
         if pending:
-            _commit(directory, manifest, pending)
+            _commit(directory, manifest, pending, time.monotonic() - started)
     if summary.conversations:  # examples came from our own reader, which counted the whole source
         check_usable(summary, config)
         manifest["summary"] = summary.to_dict()
@@ -180,12 +185,31 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     return manifest
 
 
-def _commit(directory: Path, manifest: dict, pending: list[Sample]) -> None:
-    entry = _write_shard(directory, len(manifest["shards"]), pending)
-    manifest["shards"].append(entry)
-    manifest["examples"] += entry["examples"]
-    manifest["tokens"] += entry["tokens"]
-    _write_manifest(directory, manifest)
+def _commit(directory: Path, manifest: dict, pending: list[Sample], seconds: float) -> None:
+    """Write a shard, then list it in the manifest with its capture seconds and the process's peak
+    memory so far. A full disk stops the job with the capture still resumable: a half-written
+    shard is removed (atomic_path), a written but unlisted one is overwritten by the rerun, and
+    the manifest lists only complete shards."""
+    shards = manifest["shards"]
+    try:
+        entry = _write_shard(directory, len(shards), pending)
+        entry.update(seconds=round(seconds, 2), peak_rss_mb=_peak_rss_mb())
+        updated = {**manifest, "shards": [*shards, entry], "examples": manifest["examples"] + entry["examples"],
+                   "tokens": manifest["tokens"] + entry["tokens"]}
+        _write_manifest(directory, updated)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise EagleError(f"the disk holding {directory} is full ({exc.strerror}) while writing shard {len(shards)}: "
+                         f"the {len(shards)} complete shard(s) ({manifest['examples']} conversations) are kept; free "
+                         "some space and rerun the same command to continue") from exc
+    manifest.update(updated)
+
+
+def _peak_rss_mb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
 
 
 class FeatureDataset:

@@ -45,6 +45,7 @@ from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
+from ..pause import PAUSE_FILE, wait_if_paused
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
 from .distributed import Distributed
@@ -110,7 +111,7 @@ def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
         return False
     if resume and (out_dir / CHECKPOINT).is_file():
         return True
-    if any(out_dir.iterdir()):
+    if any(p.name != PAUSE_FILE for p in out_dir.iterdir()):
         raise EagleError(f"--out {out_dir} is not empty and holds no checkpoint to resume: pass --overwrite or a new directory")
     return False
 
@@ -389,6 +390,9 @@ class Trainer:
             while self.step < self.total_steps and self.epoch < c.epochs and not out_of_time():
                 order = epoch_order(self.train_idx, c.seed, self.epoch)
                 while self.position < len(order) and self.step < self.total_steps and not out_of_time():
+                    waited = wait_if_paused(self.out_dir, bar.write)  # a benchmark holds the machine, or PAUSE
+                    if deadline is not None:
+                        deadline += waited
                     group = order[self.position: self.position + c.grad_accum]
                     losses = self._accumulate(group)
                     if c.grad_clip > 0:

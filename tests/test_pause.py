@@ -1,0 +1,82 @@
+"""Long jobs step aside for benchmarks (eaglespec/pause.py): the hold file, its liveness check, the
+PAUSE file, and which commands hold the machine."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eaglespec import pause
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(pause, "POLL_S", 0.05)
+    return tmp_path / "cache"
+
+
+def holding_process(cache):
+    """Another process that holds the machine until it is killed; returns once it holds it."""
+    code = "import time\nfrom eaglespec.pause import hold_machine\nwith hold_machine():\n    print('held', flush=True)\n    time.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "EAGLESPEC_CACHE": str(cache)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_live_benchmark_pauses_and_a_dead_one_does_not(cache, tmp_path):
+    assert pause.holder() is None and pause.pause_reason(tmp_path) is None
+    proc = holding_process(cache)
+    try:
+        assert pause.holder() == proc.pid
+        assert f"pid {proc.pid}" in pause.pause_reason(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    # killed: its file stays behind, but a dead pid pauses nothing
+    assert (cache / pause.HOLD_FILE).read_text() == str(proc.pid)
+    assert pause.holder() is None and pause.pause_reason(tmp_path) is None
+
+
+def test_hold_machine_removes_only_its_own_file(cache):
+    with pause.hold_machine():
+        assert (cache / pause.HOLD_FILE).read_text() == str(os.getpid())
+        with pause.hold_machine():  # nested: still the outer hold's
+            pass
+        assert (cache / pause.HOLD_FILE).is_file()
+        assert pause.holder() is None  # a process never waits for itself
+    assert not (cache / pause.HOLD_FILE).exists()
+    proc = holding_process(cache)
+    try:
+        with pause.hold_machine():  # a second benchmark leaves the first one's file alone
+            pass
+        assert pause.holder() == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_wait_if_paused_sleeps_until_the_pause_file_goes(tmp_path):
+    import threading
+
+    (tmp_path / pause.PAUSE_FILE).touch()
+    heard = []
+    timer = threading.Timer(0.3, (tmp_path / pause.PAUSE_FILE).unlink)
+    timer.start()
+    start = time.monotonic()
+    waited = pause.wait_if_paused(tmp_path, heard.append)
+    assert time.monotonic() - start >= 0.3 and waited >= 0.3
+    assert heard[0].startswith("paused: ") and "PAUSE exists" in heard[0] and heard[-1].startswith("resumed after")
+    assert pause.wait_if_paused(tmp_path, heard.append) == 0.0
+
+
+@pytest.mark.parametrize("argv, holds", [
+    (["generate", "--prompt", "hi"], True), (["bench"], True), (["tune", "--head", "h"], True),
+    (["capture", "--data", "sharegpt", "--out", "x"], False), (["serve"], False)])
+def test_timing_commands_hold_the_machine(argv, holds):
+    from eaglespec.cli.commands import build_parser
+
+    assert getattr(build_parser().parse_args(argv), "holds_machine", False) is holds
