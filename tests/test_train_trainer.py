@@ -112,6 +112,29 @@ def test_train_examples_cuts_the_training_split_and_keeps_the_held_out_one(targe
         TrainConfig(train_examples=0)
 
 
+def test_eval_first_keeps_one_held_out_set_while_the_data_grows(target, dataset, tmp_path):
+    class Prefix:  # the first n examples of the data set: a capture seen earlier in its growth
+        def __init__(self, n):
+            self.n, self.identity = n, dataset.identity
+
+        def __len__(self):
+            return self.n
+
+        def __getattr__(self, name):
+            return getattr(dataset, name)
+
+    assert len(dataset) == 10
+    config = TrainConfig(eval_first=2)
+    small, large = (Trainer(target, data, config, tmp_path / str(len(data)), progress=False)
+                    for data in (Prefix(6), dataset))
+    assert small.eval_idx == large.eval_idx == [0, 1]
+    assert small.train_idx == [2, 3, 4, 5] and large.train_idx == list(range(2, 10))
+    with pytest.raises(EagleError, match="--eval-first 10 holds out all 10 examples"):
+        Trainer(target, dataset, TrainConfig(eval_first=10), tmp_path / "x", progress=False)
+    with pytest.raises(EagleError, match="eval_first=0"):
+        TrainConfig(eval_first=0)
+
+
 def test_output_directory_rules(target, dataset, tmp_path):
     config = TrainConfig(max_steps=1, grad_accum=2, eval_fraction=0.2)
     train(target, dataset, config, tmp_path, progress=False)

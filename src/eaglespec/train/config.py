@@ -145,6 +145,9 @@ class TrainConfig:
                                   "training split, the reduced draft vocabulary used at inference (EAGLE-3 / "
                                   "FR-Spec); default: the full vocabulary, as the paper. About 6x less LM-head work")
     eval_fraction: float = _opt(0.05, "fraction of examples held out for evaluation")
+    eval_first: int | None = _opt(None, "hold out the first N examples instead of a seeded eval_fraction: the same "
+                                  "held-out set whatever the data's size, for runs on a capture that grows "
+                                  "(default: unset, a seeded fraction of the whole data)")
     eval_depths: int = _opt(4, "report teacher-forced top-1 accuracy at draft depths 1..N")
     train_examples: int | None = _opt(None, "train on only the first N examples of the training split (in data "
                                       "order); the held-out split stays the one of the whole data set, so runs "
@@ -178,6 +181,8 @@ class TrainConfig:
             raise EagleError(f"loss_vocab={self.loss_vocab}: pass a positive count or leave it unset")
         if self.time_limit is not None and self.time_limit <= 0:
             raise EagleError(f"time_limit={self.time_limit}: pass a positive number of minutes or leave it unset")
+        if self.eval_first is not None and self.eval_first < 1:
+            raise EagleError(f"eval_first={self.eval_first}: pass a positive count or leave it unset")
         if self.train_examples is not None and self.train_examples < 1:
             raise EagleError(f"train_examples={self.train_examples}: pass a positive count or leave it unset")
         if self.max_steps is not None and self.max_steps < 1:

@@ -73,8 +73,13 @@ def last_eval(history: list[dict]) -> dict | None:
     return next((row for row in reversed(history) if row["kind"] == "eval"), None)
 
 
-def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Deterministic held-out split -> (train indices, eval indices); at least one of each when n > 1."""
+def split(n: int, fraction: float, seed: int, first: int | None = None) -> tuple[list[int], list[int]]:
+    """Deterministic held-out split -> (train indices, eval indices); at least one of each when n > 1.
+    `first`: the first `first` examples are held out, whatever n (a growing capture keeps them)."""
+    if first is not None:
+        if first >= n:
+            raise EagleError(f"--eval-first {first} holds out all {n} examples: pass a smaller count or more data")
+        return list(range(first, n)), list(range(first))
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_eval = min(n - 1, math.ceil(n * fraction)) if fraction > 0 else 0
     return sorted(order[n_eval:]), sorted(order[:n_eval])
@@ -147,7 +152,7 @@ class Trainer:
         float64 trains the head in float64 (tests that compare runs). dist: this process among
         data-parallel ones (default: the initialised process group, if any; see distributed.py)."""
         check_identity(dataset.identity, target, "the training data")
-        if len(dataset) < 2 and config.eval_fraction > 0:
+        if len(dataset) < 2 and config.eval_fraction > 0 and config.eval_first is None:
             raise EagleError(f"{len(dataset)} example(s) cannot be split into training and held-out sets: "
                              "capture more data or pass --eval-fraction 0")
         self.target, self.dataset, self.config = target, dataset, config
@@ -159,7 +164,7 @@ class Trainer:
         self.progress = progress and self.dist.is_main
         self.data_info = {"examples": len(dataset), **(data_info or {})}
         target.model.requires_grad_(False)
-        self.train_idx, self.eval_idx = split(len(dataset), config.eval_fraction, config.seed)
+        self.train_idx, self.eval_idx = split(len(dataset), config.eval_fraction, config.seed, config.eval_first)
         if config.train_examples is not None:
             if config.train_examples > len(self.train_idx):
                 raise EagleError(f"--train-examples {config.train_examples} is more than the {len(self.train_idx)} "
