@@ -310,3 +310,44 @@ def test_cached_step_measurements_are_keyed_on_the_artefact_scheme(monkeypatch):
     now = cost_key(gen)
     monkeypatch.setattr(compiled, "ARTEFACT_SCHEME", compiled.ARTEFACT_SCHEME + 1)
     assert len({eager["steps"], now["steps"], cost_key(gen)["steps"]}) == 3 and eager["steps"] == EagerSteps.kernels
+
+
+def test_compile_list_and_prune_remove_only_folders_no_start_can_load(tmp_path, monkeypatch, capsys):
+    from eaglespec.cli.commands import main
+    from eaglespec.engine import compiled_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path))
+    target = tiny_target("llama")
+    current, _ = artefact_dir(target, tmp_path)
+    (current / "step.pt2").write_bytes(b"x" * 1000)
+    key = json.loads((current / compiled.MANIFEST).read_text())["key"]
+
+    def folder(name, manifest):
+        path = tmp_path / "compiled" / name
+        (path / "inductor").mkdir(parents=True)
+        (path / "inductor" / "kernel.so").write_bytes(b"y" * 500)
+        (path / compiled.MANIFEST).write_text(manifest)
+        return path
+
+    old_scheme = folder("old-scheme", json.dumps({"key": {**key, "scheme": key["scheme"] - 1}}))
+    old_torch = folder("old-torch", json.dumps({"key": {**key, "torch": "2.0.0"}}))
+    damaged = folder("damaged", "{not json")
+    other_cpu = folder("other-cpu", json.dumps({"key": {**key, "cpu": "Another CPU", "threads": 64}}))
+    found = {f.path.name: f for f in compiled_cache.compiled_folders()}
+    assert set(found) == {current.name, "old-scheme", "old-torch", "damaged", "other-cpu"}
+    assert found[current.name].stale is None and found["other-cpu"].stale is None  # still loadable there
+    assert "scheme" in found["old-scheme"].stale and "torch 2.0.0" in found["old-torch"].stale
+    assert "unreadable" in found["damaged"].stale and found["old-torch"].bytes >= 500
+    assert main(["compile", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "3 stale folder(s)" in listed and "[current]" in listed and listed.count("[stale:") == 3
+    assert all(p.exists() for p in (old_scheme, old_torch, damaged))  # --list removes nothing
+    # a new folder (a new target here; after an upgrade, the current stack) notes the stale ones
+    monkeypatch.setattr(compiled_cache, "NOTE_BYTES", 0)
+    _, note = artefact_dir(tiny_target("llama", seed=7), tmp_path)
+    assert "compile --prune" in note
+    assert main(["compile", "--prune"]) == 0
+    assert "removed 3 stale folder(s)" in capsys.readouterr().out
+    assert not any(p.exists() for p in (old_scheme, old_torch, damaged))
+    assert (current / "step.pt2").is_file() and other_cpu.is_dir()

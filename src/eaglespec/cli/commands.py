@@ -51,6 +51,15 @@ def cmd_compile(args) -> int:
     to --max-batch builds the vanilla and tree steps at that many rows."""
     from ..engine.compiled import BATCH_BUCKETS
 
+    if args.list or args.prune:
+        from ..engine import compiled_cache
+
+        folders = compiled_cache.compiled_folders()
+        print(compiled_cache.describe(folders))
+        if args.prune:
+            print(f"removed {sum(f.stale is not None for f in folders)} stale folder(s), "
+                  f"{compiled_cache.prune(folders) / 1e9:.1f} GB freed")
+        return 0
     if args.max_batch < 1:
         raise EagleError(f"--max-batch must be >= 1, got {args.max_batch}")
     args.compile = "on" if args.compile in (None, "auto") else args.compile
@@ -169,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(c)
     c.add_argument("--max-batch", type=int, default=1, help="also build the steps for batches of up to this many "
                    "sequences (as `serve --max-batch`)")
+    c.add_argument("--list", action="store_true", help="list the compiled-step folders in the cache (size, "
+                   "machine, versions, whether a start can still load them) and build nothing")
+    c.add_argument("--prune", action="store_true", help="remove the folders no start can load again (made by "
+                   "older versions or artefact schemes) and build nothing")
     c.set_defaults(func=cmd_compile)
 
     # Each job registers its own sub-command; heavy imports happen inside the handlers.

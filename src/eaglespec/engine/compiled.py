@@ -45,6 +45,7 @@ import torch
 
 from ..core.attention import additive_mask
 from ..errors import EagleError, one_line
+from .compiled_cache import ARTEFACT_SCHEME, MANIFEST, stale_note
 from .kv_cache import RowCache, in_place, move_paths
 
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -505,8 +506,6 @@ def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
 
 
 # -- the artefact cache -------------------------------------------------------------------------
-ARTEFACT_SCHEME = 3  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention)
-MANIFEST = "eaglespec-compiled.json"
 _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 
 
@@ -556,8 +555,9 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
             note = f"note: ignored the compiled-artefact cache {folder} ({why}); rebuilding it"
     try:
         (folder / "inductor").mkdir(parents=True, exist_ok=True)
-        if not manifest.is_file():
+        if not manifest.is_file():  # a new folder: after an upgrade, the old ones are dead weight
             atomic_write_bytes(manifest, json.dumps({"key": key}, indent=1).encode())
+            note = "; ".join(n for n in (note, stale_note(root)) if n)
     except OSError as exc:
         return None, f"compiled graphs not kept: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
