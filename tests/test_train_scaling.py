@@ -1,0 +1,81 @@
+"""The data-scaling driver (train/scaling.py) with fake training and measurement: it waits for a
+growing capture, trains each point on one held-out split, measures every set once, keeps results
+after every step, and resumes."""
+
+import json
+import threading
+
+import pytest
+
+from eaglespec.errors import EagleError
+from eaglespec.train import scaling
+from eaglespec.train.capture import FORMAT, MANIFEST
+
+
+def write_manifest(capture, examples, complete=False):
+    capture.mkdir(exist_ok=True)
+    (capture / MANIFEST).write_text(json.dumps({"format": FORMAT, "examples": examples, "complete": complete}))
+
+
+class Fakes:
+    def __init__(self, stop_at_time_limit=(), differ=()):
+        self.trained, self.measured = [], []
+        self.stop_at_time_limit, self.differ = set(stop_at_time_limit), set(differ)
+
+    def train(self, argv):
+        out = scaling.Path(argv[argv.index("--out") + 1])
+        self.trained.append(argv)
+        out.mkdir(parents=True, exist_ok=True)
+        k = int(argv[argv.index("--train-examples") + 1])
+        if k in self.stop_at_time_limit:
+            self.stop_at_time_limit.discard(k)
+            (out / "checkpoint.pt").write_bytes(b"")
+            return 0
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+        (out / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "acc_depth1": k / 10_000}) + "\n")
+        return 0
+
+    def acceptance(self, argv):
+        self.measured.append(argv)
+        out = scaling.Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        head = argv[argv.index("--head") + 1]
+        identical = 0 if head in self.differ else 3
+        row = {"tau": 1.5 + len(self.measured) / 100, "n_alpha": [0.5, 0.3, 0.2, 0.1], "identical": identical,
+               "prompts": 3}
+        (out / "results.json").write_text(json.dumps({"rows": [row]}))
+        return 0
+
+
+def test_points_wait_for_the_capture_train_on_one_split_and_resume(tmp_path):
+    capture, out, results = tmp_path / "capture", tmp_path / "runs", tmp_path / "docs" / "scaling.json"
+    write_manifest(capture, 10)
+    fakes = Fakes(stop_at_time_limit={4})
+    run = lambda: scaling.run(capture, out, results, 2, [4, 0], time_limit=5, poll_s=0.01,
+                              train_main=fakes.train, acceptance_main=fakes.acceptance)
+    # the first run stops at the time limit of point 4: nothing measured yet, nothing lost
+    got = run()
+    assert "held_out" not in got["points"]["eagle1-4"] and not fakes.measured
+    # the next run continues point 4, measures it, then waits for the capture to complete
+    threading.Timer(0.3, write_manifest, (capture, 12, True)).start()
+    got = run()
+    first, second, third = fakes.trained
+    assert first == second and first[first.index("--eval-first") + 1] == "2" and "--partial" in first
+    assert third[third.index("--train-examples") + 1] == "10"  # "all": the complete capture less the held-out 2
+    assert set(got["points"]) == {"eagle1-4", "eagle1-10"}
+    for point in got["points"].values():
+        assert set(point) == {"train_examples", "held_out", "mt-bench", "humaneval-40", "tasks"}
+    assert len(fakes.measured) == 6 and [a[a.index("--limit") + 1] for a in fakes.measured if "--limit" in a] == ["40", "40"]
+    assert json.loads(results.read_text()) == got and results.with_suffix(".png").is_file()
+    # everything done: a rerun trains and measures nothing
+    run()
+    assert len(fakes.trained) == 3 and len(fakes.measured) == 6
+
+
+def test_a_point_whose_eagle_output_differs_is_an_error(tmp_path):
+    capture = tmp_path / "capture"
+    write_manifest(capture, 10)
+    fakes = Fakes(differ={str(tmp_path / "runs" / "eagle1-4")})
+    with pytest.raises(EagleError, match="differs from vanilla"):
+        scaling.run(capture, tmp_path / "runs", tmp_path / "s.json", 2, [4], None, 0.01,
+                    train_main=fakes.train, acceptance_main=fakes.acceptance)
