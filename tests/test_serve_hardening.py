@@ -5,6 +5,7 @@ the field, and the server stays healthy. Deadlines are generous and nothing asse
 
 import json
 import socket
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -173,6 +174,55 @@ def test_tokenizing_does_not_block_other_clients(gen):
         finally:
             hold.set()
         assert pending.result(DEADLINE_S).status_code == 200
+
+
+NEAR_LIMIT = 3_900_000  # bytes of prompt: just under the default 4 MiB body limit (~650k SmolLM2 tokens)
+
+
+def test_near_limit_bodies_do_not_stall_a_running_stream():
+    """Three bodies just under the default body limit arrive while a stream runs: each is refused
+    (400) once its prompt is known to pass the context, and the stream's gaps between chunks stay
+    under 3x their own median, measured in the same run. The tiny model's context is raised to
+    2**19 tokens so that no byte count can refuse 3.9 MB unread (its tokenizer's longest entry is
+    12 bytes: 6.3 MB); before the fix each body was tokenized whole (one token a character) under
+    the lock the worker needs to detokenize every step, and the stream stalled for 25 s.
+    The prompt "Hi" is one whose greedy continuation on this tiny model has no special token in
+    its first 200 (one decodes to no text, so no chunk: a gap of two steps). The bodies are
+    encoded beforehand and sent over bare sockets, so that the test's own clients hold the GIL
+    as little as they can."""
+    gen = tiny_chat_generator()
+    gen.target.max_context = 2**19
+    app = create_app(SlowGenerator(gen, delay=0.15), ServeConfig(max_tokens=400))
+    text = "The quick brown fox jumps over the lazy dog. " * (NEAR_LIMIT // 45)
+    bodies = [("/v1/completions", {"prompt": text, "max_tokens": 4}),
+              ("/v1/completions", {"prompt": [text, "Hi"], "max_tokens": 4}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 4})]
+    bodies = [(path, json.dumps(body).encode()) for path, body in bodies]
+    arrivals: list[float] = []
+    with live_server(app) as url, ThreadPoolExecutor(3) as pool:
+        hostile = answered = None
+        with httpx.stream("POST", url + "/v1/completions", timeout=DEADLINE_S * 3,
+                          json={"prompt": "Hi", "max_tokens": 400, "stream": True}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                arrivals.append(time.perf_counter())
+                if len(arrivals) == 10:  # the stream runs: send the three at once
+                    hostile = [pool.submit(lambda p, b: read_reply(raw_post(url, p, b)), path, body)
+                               for path, body in bodies]
+                elif hostile and answered is None and all(f.done() for f in hostile):
+                    answered = len(arrivals)
+                elif answered is not None and len(arrivals) >= answered + 10:
+                    break  # ten more chunks after the last answer: the stream ran through all of it
+        assert answered is not None, "the stream ended before the three bodies were answered"
+        replies = [future.result() for future in hostile]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    median = statistics.median(gaps)
+    assert max(gaps) < 3 * median, (f"a gap of {max(gaps):.3f} s, {max(gaps) / median:.1f}x the median "
+                                    f"{median:.3f} s; gaps: {[round(g, 3) for g in gaps]}")
+    for (status, body), param in zip(replies, ("prompt", "prompt.0", "messages")):
+        assert status == 400 and body["error"]["param"] == param, body
+        assert body["error"]["code"] == "context_length_exceeded", body
 
 
 # -- 3. control tokens come from the template only ---------------------------------------------------
