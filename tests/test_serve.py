@@ -273,5 +273,11 @@ def test_serve_cli_options(monkeypatch):
     assert (config.host, config.port, config.queue_timeout, config.default_max_tokens) == ("127.0.0.1", 9001, 5.0, 32)
     assert config.api_key == "from-env"
     assert config_from_args(parser.parse_args(["serve", "--api-key", "flag"])).api_key == "flag"
+    assert (config.header_timeout, config.max_connections) == (10.0, 256)
+    config = config_from_args(parser.parse_args(["serve", "--header-timeout", "2.5", "--max-connections", "8"]))
+    assert (config.header_timeout, config.max_connections) == (2.5, 8)
+    for flag, value in (("--header-timeout", "0"), ("--max-connections", "0")):
+        with pytest.raises(EagleError, match=flag.removeprefix("--").replace("-", "_")):
+            config_from_args(parser.parse_args(["serve", flag, value]))
     with pytest.raises(EagleError, match="temperature"):
         config_from_args(parser.parse_args(["serve", "--temperature", "-1"]))

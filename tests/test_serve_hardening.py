@@ -16,7 +16,7 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
-from eaglespec.engine.prompts import encode_chat, encode_text
+from eaglespec.engine.prompts import COUNT_CHUNK_CHARS, encode_chat, encode_text, tokens_at_least
 from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
 
@@ -133,6 +133,64 @@ def test_slow_body_gets_408(server):
     assert status == 408 and body["error"]["code"] == "request_timeout" and "--read-timeout" in body["error"]["message"]
 
 
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=DEADLINE_S)
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def test_half_sent_headers_get_408_and_are_closed_after_the_header_timeout(gen):
+    app = create_app(gen, ServeConfig(header_timeout=1))
+    with live_server(app) as url:
+        half, silent, kept_alive = connect(url), connect(url), connect(url)
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        kept_alive.sendall(HEALTH)  # a whole request, answered; then half of the next one
+        assert read_reply(kept_alive)[0] == 200
+        kept_alive.sendall(b"GET /health HTTP/1.1\r\nHo")
+        start = time.monotonic()
+        replies = [read_to_close(sock) for sock in (half, silent, kept_alive)]
+        assert time.monotonic() - start < DEADLINE_S / 2
+        for reply in replies:
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), reply
+            err = json.loads(body)["error"]
+            assert err["code"] == "request_timeout" and "--header-timeout" in err["message"]
+        assert health(url)["status"] == "ok"  # a whole request in time is answered
+
+
+def test_connections_beyond_the_cap_get_503_until_one_closes(gen):
+    app = create_app(gen, ServeConfig(max_connections=3, header_timeout=DEADLINE_S * 2))
+    with live_server(app) as url:
+        held = [connect(url) for _ in range(3)]
+        for sock in held:  # answered, so the server has counted it; then held open by half a request
+            sock.sendall(HEALTH)
+            assert read_reply(sock)[0] == 200
+            sock.sendall(b"GET /hea")
+        status, body = read_reply(raw_post(url, "/v1/completions", b'{"prompt": "Hi"}'))
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        assert "--max-connections" in body["error"]["message"]
+        held.pop().close()
+        wait_until(lambda: _health_status(url) == 200, "a new connection is let in once one has closed")
+        for sock in held:
+            sock.close()
+
+
+def _health_status(url: str) -> int | None:
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
 class CountingGenerator(SlowGenerator):
     """Counts `encode` calls; with `hold` set, each call first waits for it (a slow tokenizer)."""
 
@@ -160,6 +218,25 @@ def test_a_prompt_too_long_for_any_tokenizer_is_refused_before_tokenizing(gen):
         r = httpx.post(url + "/v1/completions", json={"prompt": "x" * 101}, timeout=30)  # tokenized, then refused
         assert_error(r, 400, "prompt", "context_length_exceeded")
         assert counting.calls == 1
+
+
+def test_a_long_text_is_counted_only_as_far_as_the_limit(gen):
+    tok = gen.target.tokenizer
+    text = "The quick brown fox jumps over the lazy dog. " * 2000  # 90k characters, a token each
+    exact = len(encode_text(tok, text, add_special_tokens=False))
+    assert exact - 64 * (len(text) // COUNT_CHUNK_CHARS) <= tokens_at_least(tok, text, exact) <= exact
+    counted: list[int] = []
+
+    def spy(piece, **kwargs):
+        counted.append(len(piece))
+        return tok(piece, **kwargs)
+
+    assert tokens_at_least(spy, text, 20_000) > 20_000
+    assert sum(counted) < 20_000 + 2 * COUNT_CHUNK_CHARS and len(counted) < len(text) // COUNT_CHUNK_CHARS
+    chat = encode_chat(tok, [{"role": "user", "content": FORGED * 1000}])  # special tokens parsed: fewer
+    rendered = tok.apply_chat_template([{"role": "user", "content": FORGED * 1000}], add_generation_prompt=True,
+                                       tokenize=False)
+    assert tokens_at_least(tok, rendered, len(chat), parse_special=True) <= len(chat)
 
 
 def test_tokenizing_does_not_block_other_clients(gen):

@@ -339,16 +339,21 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
 def server(app: FastAPI, **uvicorn_config):
     """A uvicorn server for `app` (keyword arguments go to `uvicorn.Config`) whose shutdown is
     bounded: `drain` first (at most `shutdown_timeout` s; a second Ctrl-C cuts it short), then
-    uvicorn closes the connections, waiting at most _FLUSH_S s more."""
+    uvicorn closes the connections, waiting at most _FLUSH_S s more. Its connections have the
+    header timeout and the cap of `connections.py`."""
     import uvicorn
+
+    from .connections import guarded_protocol
 
     class _Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             await app.state.drain(lambda: self.force_exit)
             await super().shutdown(sockets)
 
-    return _Server(uvicorn.Config(app, timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_FLUSH_S,
-                                  **uvicorn_config))
+    config = app.state.config
+    options = {"timeout_keep_alive": _KEEP_ALIVE_S, "timeout_graceful_shutdown": _FLUSH_S,
+               "http": guarded_protocol(config.header_timeout, config.max_connections), **uvicorn_config}
+    return _Server(uvicorn.Config(app, **options))
 
 
 async def _events(batch: list[Job]) -> AsyncIterator[tuple[int, object]]:
