@@ -5,7 +5,9 @@ generator: the app's worker is the only code that runs it. `server(app, ...)` wr
 uvicorn server whose shutdown is bounded (`drain`).
 
 Prompts are tokenized off the event loop (a long one must not stall other clients), after a check
-that refuses a text too long to fit whatever the tokenizer does (`prompts.max_token_bytes`).
+that refuses a text too long to fit whatever the tokenizer does (`prompts.max_token_bytes`), and
+only as far as the context (`Engine.encode`). A list of prompts on /v1/completions is one job per
+prompt in the running batch, answered as one choice each.
 """
 
 from __future__ import annotations
