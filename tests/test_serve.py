@@ -82,6 +82,34 @@ def test_completion_equals_engine(gen, client):
     assert client.completions.create(model=MODEL, prompt=ids, max_tokens=9).choices[0].text == want.text
 
 
+PROMPTS = ["Once upon a time", "The sky is", "1, 2, 3,", "Hello"]
+
+
+def test_a_list_of_prompts_is_decoded_together_one_choice_each(gen, client):
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=9).choices[0].text for p in PROMPTS]
+    assert alone == [greedy(gen, 9, prompt=p, chat_template=False).text for p in PROMPTS]
+    r = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=9)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == alone
+    assert r.usage.completion_tokens == 4 * 9
+    assert r.usage.prompt_tokens == sum(len(gen.encode(p, chat_template=False)) for p in PROMPTS)
+    stats = r.model_extra["eaglespec"]
+    assert stats["target_forwards"] == sum(c.model_extra["eaglespec"]["target_forwards"] for c in r.choices)
+    ids = [gen.encode(p, chat_template=False) for p in PROMPTS]
+    assert [c.text for c in client.completions.create(model=MODEL, prompt=ids, max_tokens=9).choices] == alone
+
+    texts, finished = [""] * 4, []
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=9, stream=True,
+                                           stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finished.append(c.index)
+        if not chunk.choices:
+            assert chunk.usage.completion_tokens == 4 * 9
+    assert texts == alone and sorted(finished) == [0, 1, 2, 3]
+
+
 def test_stop_strings_are_cut(gen, client):
     want = greedy(gen, 20, messages=CHAT).text
     stop = want[5:7]
@@ -128,7 +156,10 @@ BAD = [  # (name, method, path, body (dict / raw str), status, param)
     ("context overflow", "POST", "/v1/completions", {"prompt": "y" * 480, "max_tokens": 40}, 400, "max_tokens"),
     ("no prompt", "POST", "/v1/completions", {"max_tokens": 4}, 400, "prompt"),
     ("empty prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "prompt"),
-    ("two prompts", "POST", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("an empty prompt in a list", "POST", "/v1/completions", {"prompt": ["a", ""]}, 400, "prompt"),
+    ("more prompts than the queue", "POST", "/v1/completions", {"prompt": ["a"] * 65}, 400, "prompt"),
+    ("a list prompt too long", "POST", "/v1/completions", {"prompt": ["a", "y" * 600]}, 400, "prompt.1"),
+    ("mixed prompt list", "POST", "/v1/completions", {"prompt": ["a", [5, 6]]}, 400, "prompt.0"),
     ("token id out of vocab", "POST", "/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),
     ("GET on a POST route", "GET", "/v1/chat/completions", None, 405, None),
     ("unknown route", "GET", "/v1/engines", None, 404, None),
@@ -242,5 +273,11 @@ def test_serve_cli_options(monkeypatch):
     assert (config.host, config.port, config.queue_timeout, config.default_max_tokens) == ("127.0.0.1", 9001, 5.0, 32)
     assert config.api_key == "from-env"
     assert config_from_args(parser.parse_args(["serve", "--api-key", "flag"])).api_key == "flag"
+    assert (config.header_timeout, config.max_connections) == (10.0, 256)
+    config = config_from_args(parser.parse_args(["serve", "--header-timeout", "2.5", "--max-connections", "8"]))
+    assert (config.header_timeout, config.max_connections) == (2.5, 8)
+    for flag, value in (("--header-timeout", "0"), ("--max-connections", "0")):
+        with pytest.raises(EagleError, match=flag.removeprefix("--").replace("-", "_")):
+            config_from_args(parser.parse_args(["serve", flag, value]))
     with pytest.raises(EagleError, match="temperature"):
         config_from_args(parser.parse_args(["serve", "--temperature", "-1"]))

@@ -5,6 +5,7 @@ the field, and the server stays healthy. Deadlines are generous and nothing asse
 
 import json
 import socket
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ import pytest
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
-from eaglespec.engine.prompts import encode_chat, encode_text
+from eaglespec.engine.prompts import COUNT_CHUNK_CHARS, encode_chat, encode_text, tokens_at_least
 from eaglespec.errors import EagleError
 from eaglespec.serve import ServeConfig, create_app
 
@@ -132,6 +133,64 @@ def test_slow_body_gets_408(server):
     assert status == 408 and body["error"]["code"] == "request_timeout" and "--read-timeout" in body["error"]["message"]
 
 
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=DEADLINE_S)
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def test_half_sent_headers_get_408_and_are_closed_after_the_header_timeout(gen):
+    app = create_app(gen, ServeConfig(header_timeout=1))
+    with live_server(app) as url:
+        half, silent, kept_alive = connect(url), connect(url), connect(url)
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        kept_alive.sendall(HEALTH)  # a whole request, answered; then half of the next one
+        assert read_reply(kept_alive)[0] == 200
+        kept_alive.sendall(b"GET /health HTTP/1.1\r\nHo")
+        start = time.monotonic()
+        replies = [read_to_close(sock) for sock in (half, silent, kept_alive)]
+        assert time.monotonic() - start < DEADLINE_S / 2
+        for reply in replies:
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), reply
+            err = json.loads(body)["error"]
+            assert err["code"] == "request_timeout" and "--header-timeout" in err["message"]
+        assert health(url)["status"] == "ok"  # a whole request in time is answered
+
+
+def test_connections_beyond_the_cap_get_503_until_one_closes(gen):
+    app = create_app(gen, ServeConfig(max_connections=3, header_timeout=DEADLINE_S * 2))
+    with live_server(app) as url:
+        held = [connect(url) for _ in range(3)]
+        for sock in held:  # answered, so the server has counted it; then held open by half a request
+            sock.sendall(HEALTH)
+            assert read_reply(sock)[0] == 200
+            sock.sendall(b"GET /hea")
+        status, body = read_reply(raw_post(url, "/v1/completions", b'{"prompt": "Hi"}'))
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        assert "--max-connections" in body["error"]["message"]
+        held.pop().close()
+        wait_until(lambda: _health_status(url) == 200, "a new connection is let in once one has closed")
+        for sock in held:
+            sock.close()
+
+
+def _health_status(url: str) -> int | None:
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
 class CountingGenerator(SlowGenerator):
     """Counts `encode` calls; with `hold` set, each call first waits for it (a slow tokenizer)."""
 
@@ -161,6 +220,25 @@ def test_a_prompt_too_long_for_any_tokenizer_is_refused_before_tokenizing(gen):
         assert counting.calls == 1
 
 
+def test_a_long_text_is_counted_only_as_far_as_the_limit(gen):
+    tok = gen.target.tokenizer
+    text = "The quick brown fox jumps over the lazy dog. " * 2000  # 90k characters, a token each
+    exact = len(encode_text(tok, text, add_special_tokens=False))
+    assert exact - 64 * (len(text) // COUNT_CHUNK_CHARS) <= tokens_at_least(tok, text, exact) <= exact
+    counted: list[int] = []
+
+    def spy(piece, **kwargs):
+        counted.append(len(piece))
+        return tok(piece, **kwargs)
+
+    assert tokens_at_least(spy, text, 20_000) > 20_000
+    assert sum(counted) < 20_000 + 2 * COUNT_CHUNK_CHARS and len(counted) < len(text) // COUNT_CHUNK_CHARS
+    chat = encode_chat(tok, [{"role": "user", "content": FORGED * 1000}])  # special tokens parsed: fewer
+    rendered = tok.apply_chat_template([{"role": "user", "content": FORGED * 1000}], add_generation_prompt=True,
+                                       tokenize=False)
+    assert tokens_at_least(tok, rendered, len(chat), parse_special=True) <= len(chat)
+
+
 def test_tokenizing_does_not_block_other_clients(gen):
     hold = threading.Event()
     slow_tokenizer = CountingGenerator(gen, hold)
@@ -173,6 +251,55 @@ def test_tokenizing_does_not_block_other_clients(gen):
         finally:
             hold.set()
         assert pending.result(DEADLINE_S).status_code == 200
+
+
+NEAR_LIMIT = 3_900_000  # bytes of prompt: just under the default 4 MiB body limit (~650k SmolLM2 tokens)
+
+
+def test_near_limit_bodies_do_not_stall_a_running_stream():
+    """Three bodies just under the default body limit arrive while a stream runs: each is refused
+    (400) once its prompt is known to pass the context, and the stream's gaps between chunks stay
+    under 3x their own median, measured in the same run. The tiny model's context is raised to
+    2**19 tokens so that no byte count can refuse 3.9 MB unread (its tokenizer's longest entry is
+    12 bytes: 6.3 MB); before the fix each body was tokenized whole (one token a character) under
+    the lock the worker needs to detokenize every step, and the stream stalled for 25 s.
+    The prompt "Hi" is one whose greedy continuation on this tiny model has no special token in
+    its first 200 (one decodes to no text, so no chunk: a gap of two steps). The bodies are
+    encoded beforehand and sent over bare sockets, so that the test's own clients hold the GIL
+    as little as they can."""
+    gen = tiny_chat_generator()
+    gen.target.max_context = 2**19
+    app = create_app(SlowGenerator(gen, delay=0.15), ServeConfig(max_tokens=400))
+    text = "The quick brown fox jumps over the lazy dog. " * (NEAR_LIMIT // 45)
+    bodies = [("/v1/completions", {"prompt": text, "max_tokens": 4}),
+              ("/v1/completions", {"prompt": [text, "Hi"], "max_tokens": 4}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 4})]
+    bodies = [(path, json.dumps(body).encode()) for path, body in bodies]
+    arrivals: list[float] = []
+    with live_server(app) as url, ThreadPoolExecutor(3) as pool:
+        hostile = answered = None
+        with httpx.stream("POST", url + "/v1/completions", timeout=DEADLINE_S * 3,
+                          json={"prompt": "Hi", "max_tokens": 400, "stream": True}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                arrivals.append(time.perf_counter())
+                if len(arrivals) == 10:  # the stream runs: send the three at once
+                    hostile = [pool.submit(lambda p, b: read_reply(raw_post(url, p, b)), path, body)
+                               for path, body in bodies]
+                elif hostile and answered is None and all(f.done() for f in hostile):
+                    answered = len(arrivals)
+                elif answered is not None and len(arrivals) >= answered + 10:
+                    break  # ten more chunks after the last answer: the stream ran through all of it
+        assert answered is not None, "the stream ended before the three bodies were answered"
+        replies = [future.result() for future in hostile]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    median = statistics.median(gaps)
+    assert max(gaps) < 3 * median, (f"a gap of {max(gaps):.3f} s, {max(gaps) / median:.1f}x the median "
+                                    f"{median:.3f} s; gaps: {[round(g, 3) for g in gaps]}")
+    for (status, body), param in zip(replies, ("prompt", "prompt.0", "messages")):
+        assert status == 400 and body["error"]["param"] == param, body
+        assert body["error"]["code"] == "context_length_exceeded", body
 
 
 # -- 3. control tokens come from the template only ---------------------------------------------------

@@ -204,12 +204,15 @@ class EagleGenerator:
                 self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
     # -- prompts ------------------------------------------------------------------------------
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True) -> list[int]:
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True,
+               tokenizer=None) -> list[int]:
         """Text -> ids. Message contents and prompts are tokenized as text: a special-token string
-        in them is spelled out, never parsed (control tokens come from the chat template only)."""
-        from .prompts import encode_chat, encode_text  # here, not at the top: this method owns prompt encoding
+        in them is spelled out, never parsed (control tokens come from the chat template only).
+        `tokenizer`: a copy of the target's to use instead (a server encodes requests in threads
+        of its own while the decoding loop detokenizes with the target's)."""
+        from .prompts import encode_chat, encode_text, prompt_text  # here, not at the top: this method owns prompt encoding
 
-        tok = self.target.tokenizer
+        tok = tokenizer if tokenizer is not None else self.target.tokenizer
         if tok is None:
             raise EagleError("this target has no tokenizer: pass input_ids")
         if messages is None:
@@ -218,7 +221,7 @@ class EagleGenerator:
             messages = [{"role": "user", "content": prompt}]
         if chat_template and tok.chat_template:
             return encode_chat(tok, messages)
-        return encode_text(tok, prompt if prompt is not None else "\n".join(m["content"] for m in messages))
+        return encode_text(tok, prompt if prompt is not None else prompt_text(tok, messages, chat_template=False))
 
     def decode(self, ids: list[int]) -> str | None:
         tok = self.target.tokenizer

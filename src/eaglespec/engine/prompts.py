@@ -14,6 +14,8 @@ import re
 import secrets
 
 BYTES_SLACK = 4  # Unicode normalisation (NFC, NFKC) can shrink text ~3x before it is tokenized
+COUNT_CHUNK_CHARS = 16384  # tokens_at_least: text counted this many characters at a time (~10-30 ms each)
+CUT_SLACK = 64  # tokens_at_least: the most one cut between chunks may add to their summed counts
 
 
 def encode_text(tok, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -58,11 +60,54 @@ def encode_chat(tok, messages: list[dict]) -> list[int]:
 
 
 def max_token_bytes(tok) -> int:
-    """An upper bound on the UTF-8 bytes of text one token stands for: BYTES_SLACK times the
-    longest vocabulary entry (entries spell their text with at least as many bytes: byte-level
-    BPE's `Ġ`, SentencePiece's `▁`, byte-fallback `<0xE3>`). A text longer than
-    `max_token_bytes(tok) * n` bytes cannot fit in n tokens."""
-    return BYTES_SLACK * max(len(t.encode("utf-8", "surrogatepass")) for t in tok.get_vocab())
+    """An upper bound on the UTF-8 bytes of text one token stands for: the longest vocabulary entry
+    (entries spell their text with at least as many bytes: byte-level BPE's `Ġ`, SentencePiece's
+    `▁`, byte-fallback `<0xE3>`), times BYTES_SLACK when the tokenizer normalises its input (which
+    can shrink it). A text longer than `max_token_bytes(tok) * n` bytes cannot fit in n tokens."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    slack = 1 if backend is not None and backend.normalizer is None else BYTES_SLACK
+    return slack * max(len(t.encode("utf-8", "surrogatepass")) for t in tok.get_vocab())
+
+
+def prompt_text(tok, messages: list[dict], chat_template: bool = True) -> str:
+    """The text `EagleGenerator.encode` tokenizes for these messages: the chat template rendered
+    (its special tokens as text), else the contents joined by newlines."""
+    if chat_template and tok.chat_template:
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages)
+
+
+def tokens_at_least(tok, text: str, limit: int, parse_special: bool = False) -> int:
+    """A lower bound on the tokens `text` encodes to, found without tokenizing more of it than
+    about `limit` tokens take: the text is tokenized COUNT_CHUNK_CHARS characters at a time, cut
+    before a space where there is one, and counting stops as soon as the bound passes `limit`.
+
+    The bound is the chunks' summed counts less CUT_SLACK per cut (a cut can split a token, or a
+    pre-tokenizer's word, in two: a few tokens more than the whole text gives), never above the
+    exact count; a text of one chunk is counted exactly. `parse_special`: special-token strings
+    count as one token each (as a rendered chat template's do), else as the text they spell."""
+    total, cuts, start = 0, 0, 0
+    while start < len(text):
+        end = _cut(text, start + COUNT_CHUNK_CHARS)
+        total += len(tok(text[start:end], add_special_tokens=False, split_special_tokens=not parse_special,
+                         return_attention_mask=False)["input_ids"])
+        cuts += end < len(text)
+        start = end
+        if total - CUT_SLACK * cuts > limit:
+            break
+    return max(total - CUT_SLACK * cuts, 0)
+
+
+def _cut(text: str, end: int) -> int:
+    """Where to end a chunk at about `end`: before a space that follows a non-space (a word
+    boundary for byte-level BPE and SentencePiece pre-tokenizers) within the last eighth of
+    the chunk, else at `end` itself."""
+    if end >= len(text):
+        return len(text)
+    i = text.rfind(" ", end - COUNT_CHUNK_CHARS // 8, end)
+    while i > 0 and text[i - 1].isspace():
+        i -= 1
+    return i if i > end - COUNT_CHUNK_CHARS // 8 else end
 
 
 def _special_pattern(tok) -> re.Pattern | None:

@@ -5,7 +5,9 @@ generator: the app's worker is the only code that runs it. `server(app, ...)` wr
 uvicorn server whose shutdown is bounded (`drain`).
 
 Prompts are tokenized off the event loop (a long one must not stall other clients), after a check
-that refuses a text too long to fit whatever the tokenizer does (`prompts.max_token_bytes`).
+that refuses a text too long to fit whatever the tokenizer does (`prompts.max_token_bytes`), and
+only as far as the context (`Engine.encode`). A list of prompts on /v1/completions is one job per
+prompt in the running batch, answered as one choice each.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..core.config import SamplingParams
 from ..engine.prompts import max_token_bytes
 from ..errors import EagleError
 from .config import ServeConfig
-from .engine import Delta, Done, Engine, Failed, Job, QueueFull, Started
+from .engine import Delta, Done, Engine, Failed, Job, PromptTooLong, QueueFull, Started
 from .guard import Guard
 from .protocol import MIN_TEMPERATURE, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
 
@@ -119,24 +121,39 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         _check_size([m["content"] for m in messages], "messages")
         try:
-            ids = await asyncio.to_thread(engine.encode, messages=messages)
+            ids = await asyncio.to_thread(engine.encode, messages, True, max_prompt)
+        except PromptTooLong as exc:
+            raise _too_long(exc.tokens, "messages") from exc
         except Exception as exc:  # a template that refuses these roles, for example
             raise APIError(400, f"messages could not be rendered with the chat template: {exc}", "messages") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        return await _complete(request, req, ids, max_tokens, param, "messages", chat=True)
+        return await _complete(request, req, [ids], max_tokens, param, "messages", chat=True)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         _check_model(req.model, model_name)
-        if isinstance(req.prompt, str):  # plain text: special-token strings in it are not parsed
-            _check_size([req.prompt], "prompt")
-            ids = await asyncio.to_thread(engine.encode, prompt=req.prompt, chat_template=False)
-        else:
-            ids = list(req.prompt)
-            if any(not 0 <= t < generator.target.vocab_size for t in ids):
-                raise APIError(400, f"prompt: token ids must be in [0, {generator.target.vocab_size})", "prompt")
-        return await _complete(request, req, ids, req.max_tokens, "max_tokens", "prompt", chat=False)
+        prompts = req.prompts()
+        if len(prompts) > config.max_queue:
+            raise APIError(400, f"prompt: {len(prompts)} prompts; this server takes at most {config.max_queue} in one "
+                                "request (--max-queue)", "prompt")
+        params = [f"prompt.{i}" if len(prompts) > 1 else "prompt" for i in range(len(prompts))]
+        for prompt, param in zip(prompts, params):
+            if isinstance(prompt, str):
+                _check_size([prompt], param)
+        all_ids = []
+        for prompt, param in zip(prompts, params):
+            if isinstance(prompt, str):  # plain text: special-token strings in it are not parsed
+                try:
+                    ids = await asyncio.to_thread(engine.encode, [{"role": "user", "content": prompt}], False, max_prompt)
+                except PromptTooLong as exc:
+                    raise _too_long(exc.tokens, param) from exc
+            else:
+                ids = list(prompt)
+                if any(not 0 <= t < generator.target.vocab_size for t in ids):
+                    raise APIError(400, f"{param}: token ids must be in [0, {generator.target.vocab_size})", param)
+            all_ids.append(ids)
+        return await _complete(request, req, all_ids, req.max_tokens, "max_tokens", params, chat=False)
 
     def _check_size(texts: list[str], param: str) -> None:
         """Refuse before tokenizing a text that cannot fit in max_prompt tokens, whatever the tokenizer."""
@@ -146,21 +163,32 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                                 f"this server accepts at most {max_prompt} tokens (model context {context})",
                            param, "context_length_exceeded")
 
-    async def _complete(request: Request, req, ids: list[int], max_tokens: int | None, max_param: str,
-                        prompt_param: str, chat: bool):
-        n = len(ids)
+    def _too_long(n: int, param: str, at_least: bool = True) -> APIError:
+        return APIError(400, f"{param}: the prompt has {'at least ' if at_least else ''}{n} tokens; this server accepts "
+                             f"at most {max_prompt} (model context {context})", param, "context_length_exceeded")
+
+    def _room(n: int, max_tokens: int | None, max_param: str, prompt_param: str) -> int:
+        """The max_tokens for a prompt of n tokens, or a 400."""
         if n == 0:
             raise APIError(400, f"{prompt_param}: the prompt is empty", prompt_param)
         if n > max_prompt:
-            raise APIError(400, f"{prompt_param}: the prompt has {n} tokens; this server accepts at most {max_prompt} "
-                                f"(model context {context})", prompt_param, "context_length_exceeded")
+            raise _too_long(n, prompt_param, at_least=False)
         if max_tokens is None:
-            max_tokens = min(config.default_max_tokens, config.max_tokens, context - n)
-        elif max_tokens > config.max_tokens:
+            return min(config.default_max_tokens, config.max_tokens, context - n)
+        if max_tokens > config.max_tokens:
             raise APIError(400, f"{max_param}: {max_tokens} is more than this server's limit of {config.max_tokens}", max_param)
-        elif n + max_tokens > context:
+        if n + max_tokens > context:
             raise APIError(400, f"{max_param}: the prompt ({n} tokens) plus {max_param} ({max_tokens}) exceeds the "
                                 f"model's context of {context} tokens", max_param, "context_length_exceeded")
+        return max_tokens
+
+    async def _complete(request: Request, req, prompts: list[list[int]], max_tokens: int | None, max_param: str,
+                        prompt_params: str | list[str], chat: bool):
+        """Decode the prompts together (one job each, in the running batch) and answer one choice a
+        prompt, its `index` the prompt's place in the list."""
+        if isinstance(prompt_params, str):
+            prompt_params = [prompt_params] * len(prompts)
+        budgets = [_room(len(ids), max_tokens, max_param, p) for ids, p in zip(prompts, prompt_params)]
         temperature = req.temperature if req.temperature is not None else config.temperature
         try:
             sampling = SamplingParams(
@@ -171,28 +199,36 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from exc
         if app.state.draining:
             raise APIError(503, SHUTTING_DOWN, code="shutting_down", type_="server_error")
+        batch: list[Job] = []
         try:
-            job = engine.submit(ids, max_tokens, sampling, req.stops())
+            for ids, budget in zip(prompts, budgets):
+                batch.append(engine.submit(ids, budget, sampling, req.stops()))
+                jobs[id(batch[-1])] = batch[-1]
         except QueueFull as exc:
+            for job in batch:
+                _release(job)
             raise APIError(503, f"server busy: {exc}; retry later", code="queue_full", type_="server_error") from exc
-        jobs[id(job)] = job
         try:
-            started = await _wait_start(request, job)
+            deadline = time.monotonic() + config.queue_timeout
+            starts = [await _wait_start(request, job, deadline) for job in batch]
         except BaseException:
-            _release(job)
+            for job in batch:
+                _release(job)
             raise
-        if started is None:
-            _release(job)
+        if any(started is None for started in starts):
+            for job in batch:
+                _release(job)
             raise APIError(503, f"server busy: the request waited {config.queue_timeout:g} s for the model; retry later",
                            code="queue_timeout", type_="server_error")
         meta = {"id": new_id("chatcmpl" if chat else "cmpl"), "created": now(), "model": model_name,
                 "object": "chat.completion" if chat else "text_completion"}
-        extra = {"queue_s": round(started.queue_s, 4)}
+        extras = [{"queue_s": round(started.queue_s, 4)} for started in starts]
+        n = sum(len(ids) for ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_sse(job, meta, n, chat, include_usage, extra), media_type="text/event-stream",
+            return StreamingResponse(_sse(batch, meta, n, chat, include_usage, extras), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _collect(request, job, meta, n, chat, extra)
+        return await _collect(request, batch, meta, n, chat, extras)
 
     async def _next_event(request: Request, job: Job, timeout: float = _POLL_S):
         """The job's next event, or None after `timeout` s. Raises a 499 once the client has gone,
@@ -205,9 +241,8 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             raise APIError(499, "client closed the request", code="client_closed")
         return event
 
-    async def _wait_start(request: Request, job: Job) -> Started | None:
-        """The Started event, or None after the queue timeout."""
-        deadline = time.monotonic() + config.queue_timeout
+    async def _wait_start(request: Request, job: Job, deadline: float) -> Started | None:
+        """The Started event, or None once the deadline has passed."""
         while (left := deadline - time.monotonic()) > 0:
             event = await _next_event(request, job, min(left, _POLL_S))
             if isinstance(event, Started):
@@ -217,53 +252,63 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                 raise _failure(event)
         return None
 
-    async def _collect(request: Request, job: Job, meta: dict, n: int, chat: bool, extra: dict):
-        parts: list[str] = []
+    async def _collect(request: Request, batch: list[Job], meta: dict, n: int, chat: bool, extras: list[dict]):
+        choices, stats, completion_tokens = [], [], 0
         try:
-            while not isinstance(event := await _next_event(request, job), Done):
-                if isinstance(event, Delta):
-                    parts.append(event.text)
-                elif isinstance(event, Failed):
-                    raise _failure(event)
+            for index, job in enumerate(batch):  # one after the other: the others' events wait in their queues
+                parts: list[str] = []
+                while not isinstance(event := await _next_event(request, job), Done):
+                    if isinstance(event, Delta):
+                        parts.append(event.text)
+                    elif isinstance(event, Failed):
+                        raise _failure(event)
+                text = "".join(parts)
+                choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                                "finish_reason": event.finish_reason} if chat else
+                               {"index": index, "text": text, "logprobs": None, "finish_reason": event.finish_reason})
+                stats.append({**event.stats, **extras[index]})
+                completion_tokens += event.completion_tokens
         finally:
-            _release(job)  # frees the worker if we leave early
-        text = "".join(parts)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": event.finish_reason} if chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason})
-        return {**meta, "choices": [choice], "usage": usage(n, event.completion_tokens),
-                "eaglespec": {**event.stats, **extra}}
+            for job in batch:
+                _release(job)  # frees the worker if we leave early
+        if len(batch) > 1:
+            for choice, s in zip(choices, stats):
+                choice["eaglespec"] = s
+        return {**meta, "choices": choices, "usage": usage(n, completion_tokens), "eaglespec": _merged_stats(stats, completion_tokens)}
 
-    async def _sse(job: Job, meta: dict, n: int, chat: bool, include_usage: bool, extra: dict) -> AsyncIterator[str]:
+    async def _sse(batch: list[Job], meta: dict, n: int, chat: bool, include_usage: bool,
+                   extras: list[dict]) -> AsyncIterator[str]:
         meta = {**meta, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-        def chunk(delta: str | None, finish: str | None = None, role: bool = False, **more) -> str:
+        def chunk(index: int, delta: str | None, finish: str | None = None, role: bool = False, **more) -> str:
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
             return _event({**meta, "choices": [choice], **more})
 
+        completion_tokens = 0
         try:
             if chat:
-                yield chunk(None, role=True)
-            while True:
-                event = await job.events.get()
+                yield chunk(0, None, role=True)
+            async for index, event in _events(batch):
                 if isinstance(event, Delta):
-                    yield chunk(event.text)
+                    yield chunk(index, event.text)
                 elif isinstance(event, Failed):
                     err = _failure(event)
                     yield _event(error_body(err.message, err.type, None, err.code))
                     break
                 elif isinstance(event, Done):
-                    yield chunk(None, event.finish_reason, eaglespec={**event.stats, **extra})
-                    if include_usage:
-                        yield _event({**meta, "choices": [], "usage": usage(n, event.completion_tokens)})
-                    break
+                    completion_tokens += event.completion_tokens
+                    yield chunk(index, None, event.finish_reason, eaglespec={**event.stats, **extras[index]})
+            else:
+                if include_usage:
+                    yield _event({**meta, "choices": [], "usage": usage(n, completion_tokens)})
             yield "data: [DONE]\n\n"
         finally:
-            _release(job)  # the client went away mid-stream (or we are done): free the worker
+            for job in batch:
+                _release(job)  # the client went away mid-stream (or we are done): free the worker
 
     def _release(job: Job) -> None:
         job.cancel()  # a no-op once the job is done
@@ -296,16 +341,52 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
 def server(app: FastAPI, **uvicorn_config):
     """A uvicorn server for `app` (keyword arguments go to `uvicorn.Config`) whose shutdown is
     bounded: `drain` first (at most `shutdown_timeout` s; a second Ctrl-C cuts it short), then
-    uvicorn closes the connections, waiting at most _FLUSH_S s more."""
+    uvicorn closes the connections, waiting at most _FLUSH_S s more. Its connections have the
+    header timeout and the cap of `connections.py`."""
     import uvicorn
+
+    from .connections import guarded_protocol
 
     class _Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             await app.state.drain(lambda: self.force_exit)
             await super().shutdown(sockets)
 
-    return _Server(uvicorn.Config(app, timeout_keep_alive=_KEEP_ALIVE_S, timeout_graceful_shutdown=_FLUSH_S,
-                                  **uvicorn_config))
+    config = app.state.config
+    options = {"timeout_keep_alive": _KEEP_ALIVE_S, "timeout_graceful_shutdown": _FLUSH_S,
+               "http": guarded_protocol(config.header_timeout, config.max_connections), **uvicorn_config}
+    return _Server(uvicorn.Config(app, **options))
+
+
+async def _events(batch: list[Job]) -> AsyncIterator[tuple[int, object]]:
+    """(index, event) for the jobs' events as they come, until each has sent Done or Failed."""
+    pending = {asyncio.ensure_future(job.events.get()): i for i, job in enumerate(batch)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in sorted(done, key=pending.get):
+                index = pending.pop(future)
+                event = future.result()
+                if not isinstance(event, (Done, Failed)):
+                    pending[asyncio.ensure_future(batch[index].events.get())] = index
+                yield index, event
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _merged_stats(stats: list[dict], completion_tokens: int) -> dict:
+    """One request's `eaglespec` field from its choices' statistics (the one choice's, unchanged)."""
+    if len(stats) == 1:
+        return stats[0]
+    lengths = [n for s in stats for n in s["accepted_lengths"]]
+    elapsed = max(s["elapsed_s"] for s in stats)
+    return {"target_forwards": sum(s["target_forwards"] for s in stats),
+            "tau": round(sum(lengths) / len(lengths), 4) if lengths else 0.0, "accepted_lengths": lengths,
+            "accepted_draft_tokens": sum(s["accepted_draft_tokens"] for s in stats),
+            "speculative": stats[0]["speculative"], "elapsed_s": elapsed,
+            "tokens_per_second": round(completion_tokens / elapsed, 2) if elapsed else 0.0,
+            "queue_s": max(s["queue_s"] for s in stats)}
 
 
 def _event(obj: dict) -> str:

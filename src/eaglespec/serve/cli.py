@@ -35,6 +35,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help=f"a request body beyond this gets a 413 (default {d.max_body_bytes})")
     p.add_argument("--read-timeout", type=float, default=d.read_timeout,
                    help=f"seconds a client may take to send a request body before a 408 (default {d.read_timeout:g})")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help=f"seconds a connection may take to send a request's headers before a 408 and close (default {d.header_timeout:g})")
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open connections beyond this get a 503 and are closed (default {d.max_connections})")
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help=f"on shutdown, seconds running requests may take to finish before they fail (default {d.shutdown_timeout:g})")
     p.add_argument("--allowed-host", action="append", default=None, metavar="HOST",
@@ -57,6 +61,7 @@ def config_from_args(args) -> "ServeConfig":
         max_prompt_tokens=args.max_prompt_tokens, queue_timeout=args.queue_timeout, max_queue=args.max_queue,
         max_batch=args.max_batch,
         max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout, shutdown_timeout=args.shutdown_timeout,
+        header_timeout=args.header_timeout, max_connections=args.max_connections,
         allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
     )

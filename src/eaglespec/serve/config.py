@@ -24,6 +24,8 @@ class ServeConfig:
     max_batch: int = 16                # sequences decoded together (continuous batching); see docs/serving.md
     max_body_bytes: int = 4 * 2**20    # a request body beyond this gets a 413 (checked while it is read)
     read_timeout: float = 30.0         # seconds a client may take to send a request body; then a 408
+    header_timeout: float = 10.0       # seconds a connection may take to send a request's headers; then a 408 and close
+    max_connections: int = 256         # open connections beyond this get a 503 and are closed at once
     shutdown_timeout: float = 5.0      # on shutdown, seconds running requests may take to finish; then they fail
     # Host header names answered (against DNS rebinding); "*" = any. None = the loopback names and the
     # bind host when bound to loopback, any host otherwise.
@@ -41,11 +43,13 @@ class ServeConfig:
             raise EagleError(f"max_tokens and default_max_tokens must be >= 1, got {self.max_tokens}, {self.default_max_tokens}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise EagleError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        for name in ("queue_timeout", "read_timeout", "shutdown_timeout"):
+        for name in ("queue_timeout", "read_timeout", "header_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise EagleError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.max_queue < 1:
             raise EagleError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.max_connections < 1:
+            raise EagleError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.max_batch < 1:
             raise EagleError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_body_bytes < 1024:

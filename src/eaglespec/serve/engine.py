@@ -3,11 +3,15 @@
 Each job carries a cancel flag, checked between decoding steps: a client that goes away frees its
 place in the batch at the next step, and a job cancelled while still queued is skipped. Events go
 back to the job's asyncio loop thread-safely.
+
+Requests are tokenized with a copy of the target's tokenizer, under a lock of their own: the
+worker detokenizes every step with the original and never waits behind a long prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import queue
 import threading
 import time
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..core.config import SamplingParams
 from ..engine.decoding import GenerationResult
+from ..engine.prompts import COUNT_CHUNK_CHARS, prompt_text, tokens_at_least
 from ..engine.text import TextStream
 
 
@@ -42,6 +47,12 @@ class Failed:
 
 class QueueFull(Exception):
     pass
+
+
+class PromptTooLong(Exception):
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"the prompt has at least {tokens} tokens, more than {limit}")
+        self.tokens, self.limit = tokens, limit
 
 
 @dataclass
@@ -79,7 +90,12 @@ class Engine:
         self.generator = generator
         self.max_queue = max_queue
         self.max_batch = max_batch
-        self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
+        # HF fast tokenizers are not safe to share across threads: the worker decodes with the target's
+        # (under tokenizer_lock), requests are encoded with a copy under a lock of its own
+        self.tokenizer_lock = threading.Lock()
+        tok = generator.target.tokenizer
+        self._encoder = copy.deepcopy(tok) if tok is not None else None
+        self._encoder_lock = threading.Lock()
         self.speculative = generator.drafter is not None or (generator.head is not None and generator.tree is not None)
         self.running = 0  # sequences in the batch
         self._queue: queue.Queue = queue.Queue()
@@ -110,9 +126,20 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def encode(self, **kwargs) -> list[int]:
-        with self.tokenizer_lock:
-            return self.generator.encode(**kwargs)
+    def encode(self, messages: list[dict], chat_template: bool = True, limit: int | None = None) -> list[int]:
+        """Messages -> ids, as `generator.encode`, with the request side's tokenizer. With `limit`, a
+        text longer than one counting chunk is first counted chunk by chunk, and PromptTooLong is
+        raised as soon as it is known to exceed `limit` tokens: no more than about `limit` tokens of
+        it are ever tokenized (a 4 MB body would take seconds)."""
+        with self._encoder_lock:
+            tok = self._encoder
+            if limit is not None:
+                text = prompt_text(tok, messages, chat_template)
+                if len(text) > COUNT_CHUNK_CHARS:
+                    n = tokens_at_least(tok, text, limit, parse_special=chat_template and bool(tok.chat_template))
+                    if n > limit:
+                        raise PromptTooLong(n, limit)
+            return self.generator.encode(messages=messages, chat_template=chat_template, tokenizer=tok)
 
     def decode(self, ids: list[int]) -> str:
         with self.tokenizer_lock:

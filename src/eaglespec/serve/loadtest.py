@@ -137,14 +137,15 @@ def run(url: str, clients: int = 32, per_client: int = 2, max_tokens: int = 16, 
 
 @contextmanager
 def serve_in_thread(app, host: str = "127.0.0.1"):
-    """A live uvicorn server on a free loopback port, in a thread; yields its base URL."""
-    import uvicorn
+    """A live uvicorn server on a free loopback port, in a thread, as `eaglespec serve` runs it
+    (`app.server`: bounded shutdown, header timeout, connection cap); yields its base URL."""
+    from .app import server as app_server
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = app_server(app, log_level="warning", timeout_graceful_shutdown=2)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -110,7 +110,7 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    # a string, a list of token ids, or a one-element list of either (one prompt per request)
+    # a string or a list of token ids, or a list of either: several prompts, decoded together
     prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     logprobs: Any = None
     echo: Any = None
@@ -122,14 +122,20 @@ class CompletionRequest(_Request):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (batch size 1)")
-            v = v[0]
-        if len(v) == 0:
-            raise ValueError("the prompt is empty")
+    def _not_empty(cls, v):
+        prompts = _prompts(v)
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError("the prompt is empty" if len(prompts) == 1 else f"prompt.{i} is empty")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one, or each of a list of strings or of token-id lists."""
+        return _prompts(self.prompt)
+
+
+def _prompts(v) -> list:
+    return v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
