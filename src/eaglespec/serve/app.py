@@ -27,6 +27,8 @@ from ..errors import EagleError
 from .config import ServeConfig
 from .engine import Delta, Done, Engine, Failed, Job, QueueFull, Started
 from .guard import Guard
+from .origin import tree_label, whole_tokens
+from .page import add_page
 from .protocol import MIN_TEMPERATURE, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
 
 _POLL_S = 0.25  # a request waiting for events checks at least this often that its client is still there
@@ -172,7 +174,8 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
         if app.state.draining:
             raise APIError(503, SHUTTING_DOWN, code="shutting_down", type_="server_error")
         try:
-            job = engine.submit(ids, max_tokens, sampling, req.stops())
+            ext = req.extension()
+            job = engine.submit(ids, max_tokens, sampling, req.stops(), ext.speculative, ext.token_origin)
         except QueueFull as exc:
             raise APIError(503, f"server busy: {exc}; retry later", code="queue_full", type_="server_error") from exc
         jobs[id(job)] = job
@@ -219,10 +222,14 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
 
     async def _collect(request: Request, job: Job, meta: dict, n: int, chat: bool, extra: dict):
         parts: list[str] = []
+        spans, steps = [], []
         try:
             while not isinstance(event := await _next_event(request, job), Done):
                 if isinstance(event, Delta):
                     parts.append(event.text)
+                    if event.origin is not None:
+                        spans += event.origin["tokens"]
+                        steps += event.origin["steps"]
                 elif isinstance(event, Failed):
                     raise _failure(event)
         finally:
@@ -231,6 +238,9 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                    "finish_reason": event.finish_reason} if chat else
                   {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason})
+        if job.token_origin:
+            extra = {**extra, "tree": tree_label(generator, job.speculative), "tokens": whole_tokens(spans),
+                     "steps": steps}
         return {**meta, "choices": [choice], "usage": usage(n, event.completion_tokens),
                 "eaglespec": {**event.stats, **extra}}
 
@@ -245,13 +255,15 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                 choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
             return _event({**meta, "choices": [choice], **more})
 
+        # with token_origin the first chunk names the tree and every step's chunk carries its tokens' origins
+        head = {"eaglespec": {"tree": tree_label(generator, job.speculative)}} if job.token_origin else {}
         try:
-            if chat:
-                yield chunk(None, role=True)
+            if chat or head:
+                yield chunk(None, role=chat, **head)
             while True:
                 event = await job.events.get()
                 if isinstance(event, Delta):
-                    yield chunk(event.text)
+                    yield chunk(event.text, **({} if event.origin is None else {"eaglespec": event.origin}))
                 elif isinstance(event, Failed):
                     err = _failure(event)
                     yield _event(error_body(err.message, err.type, None, err.code))
@@ -290,6 +302,7 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             await asyncio.sleep(0.05)
 
     app.state.drain = drain
+    add_page(app)
     return app
 
 
