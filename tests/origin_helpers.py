@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from oracle import OracleDrafter
+from serve_helpers import live_server
 from tiny_tokenizer import tiny_chat_generator
 
 from eaglespec.core.tree import static_tree
 from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.serve import ServeConfig, create_app
 
 PATHS = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
 PARENTS = [-1, 0, 0, 1, 1, 3]  # static_tree(PATHS)'s nodes, sorted by (depth, path)
@@ -40,6 +43,18 @@ class FlakyOracle(OracleDrafter):
 def flaky_generator() -> EagleGenerator:
     target = tiny_chat_generator().target
     return EagleGenerator(target, drafter=FlakyOracle(target), tree=static_tree(PATHS))
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return flaky_generator()
+
+
+@pytest.fixture(scope="module")
+def server(gen):
+    """A live server on the flaky generator; yields its base URL."""
+    with live_server(create_app(gen, ServeConfig(max_tokens=64))) as url:
+        yield url
 
 
 def drafted_marks(steps: list[dict]) -> list[bool]:

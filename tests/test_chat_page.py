@@ -5,8 +5,6 @@ slot, reply text with HTML in it stays text, and the API key is asked for and ke
 Without a browser those tests skip with one line; the route tests run anyway."""
 
 import fnmatch
-import shutil
-import time
 import tomllib
 from collections import Counter
 from importlib import resources
@@ -14,28 +12,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from origin_helpers import drafted_marks, extension, flaky_generator, stream
+from origin_helpers import drafted_marks, extension, gen, server, stream  # noqa: F401 (gen, server: fixtures)
 from serve_helpers import SlowGenerator, live_server, one_torch_thread  # noqa: F401 (autouse fixture)
+from test_serve_hardening import wait_until
 
 from eaglespec.serve import ServeConfig, create_app
 from eaglespec.serve.page import FILES
+from eaglespec.serve.screenshot import find_browser
 
 PROMPT = "Why is the sky blue?"
 PIECES = ["<script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">', "<b>bold</b>", " &amp; done"]
 PAYLOAD = "".join(PIECES)
 DEADLINE_S = 30.0
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-
-@pytest.fixture(scope="module")
-def gen():
-    return flaky_generator()
-
-
-@pytest.fixture(scope="module")
-def server(gen):
-    with live_server(create_app(gen, ServeConfig(max_tokens=64))) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +36,7 @@ def slow(gen):
 
 @pytest.fixture(scope="module")
 def browser():
-    path = next(filter(None, map(shutil.which, BROWSERS)), None)
+    path = find_browser()
     if path is None:
         pytest.skip("no browser: Chromium is not installed (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="no browser driver: pip install playwright (dev extra)")
@@ -64,14 +52,6 @@ def page(browser):
     tab.set_default_timeout(DEADLINE_S * 1000)
     yield tab
     tab.close()
-
-
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting until {what}")
-        time.sleep(0.05)
 
 
 def busy(url: str) -> bool:

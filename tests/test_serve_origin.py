@@ -6,28 +6,16 @@ from collections import Counter
 
 import httpx
 import pytest
-from origin_helpers import drafted_marks, extension, flaky_generator, stream
-from serve_helpers import live_server, one_torch_thread  # noqa: F401 (autouse fixture)
+from origin_helpers import drafted_marks, extension, gen, server, stream  # noqa: F401 (gen, server: fixtures)
+from serve_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 from tiny_tokenizer import tiny_chat_generator
 
 from eaglespec.core.config import SamplingParams
 from eaglespec.engine.batch import StepStats
-from eaglespec.serve import ServeConfig, create_app
 from eaglespec.serve.origin import TokenSpans, step_origins, whole_tokens
 
 CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
 ORIGIN = {"token_origin": True}
-
-
-@pytest.fixture(scope="module")
-def gen():
-    return flaky_generator()
-
-
-@pytest.fixture(scope="module")
-def server(gen):
-    with live_server(create_app(gen, ServeConfig(max_tokens=64))) as url:
-        yield url
 
 
 def content(chunk: dict) -> str:
