@@ -48,13 +48,16 @@
     const dialog = $("key-dialog");
     $("key-message").textContent = message + " It stays in this tab's memory only.";
     $("key").value = "";
-    return new Promise((resolve) => {
+    return new Promise((resolve, reject) => {
+      let given = false;
       $("key-form").onsubmit = (event) => {
         event.preventDefault();
+        given = true;
         state.key = $("key").value;
         dialog.close();
         resolve();
       };
+      dialog.onclose = () => given || reject(new HttpError(401, "no API key given"));  // Escape
       dialog.showModal();
     });
   }
