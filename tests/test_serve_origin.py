@@ -58,6 +58,17 @@ def test_token_origins_match_the_steps(gen, server):
         i += s["emitted"]
 
 
+def test_a_stop_string_cuts_the_tokens_too(gen, server):
+    """Text held back for a possible stop string still reaches its token; tokens past the cut never appear."""
+    text = gen.generate(messages=CHAT, max_new_tokens=20).text
+    stop = text[6:8]
+    chunks = stream(server, {"messages": CHAT, "max_tokens": 20, "stop": [stop], "eaglespec": ORIGIN})
+    sent = "".join(content(c) for c in chunks[1:])
+    assert sent == text[:text.index(stop)] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    tokens = whole_tokens(extension(chunks, "tokens"))
+    assert "".join(t["text"] for t in tokens) == sent and [t["i"] for t in tokens] == list(range(len(tokens)))
+
+
 def test_non_streaming_lists_every_token(gen, server):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 16, "eaglespec": ORIGIN},
                    timeout=60).json()
