@@ -41,6 +41,8 @@ class StepStats:
     accepted: int    # draft tokens the target accepted this step (0 for vanilla)
     emitted: int     # tokens this step added to the output (accepted + 1, cut at a stop)
     tree_size: int   # tokens the target verified (root included)
+    bonus: bool = False  # the target's token ends an accepted path at a leaf of a drafted tree (a bonus token);
+                         # False: a recovered token (a node whose children were all rejected), or no draft tree
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Sequence:
     pending_hidden: torch.Tensor   # [P, k*H] the head's input for each of them
     produced: int = 1
     finish_reason: str | None = None
+    speculative: bool = True       # drafts for it; False: vanilla steps (a request that asked for no drafting)
 
     @property
     def done(self) -> bool:
@@ -96,9 +99,12 @@ class Batch:
     # -- joining and leaving ------------------------------------------------------------------
     @torch.no_grad()
     def add(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-            stops: set[int] = frozenset(), keep_prefill: bool = False) -> tuple[Sequence, StepOutput]:
+            stops: set[int] = frozenset(), keep_prefill: bool = False, speculative: bool = True
+            ) -> tuple[Sequence, StepOutput]:
         """Prefill a prompt alone, choose its first token and join the batch. Returns the handle
         and that first output (already finished when it is a stop or the budget is one token).
+        speculative=False: this sequence verifies its root alone at every step (vanilla decoding
+        inside a drafting batch; a step whose sequences are all vanilla drafts nothing).
         keep_prefill: keep a copy of this prompt's cache so that the next `add` of the same prompt
         copies it instead of running the target again (many samples of one prompt); the copy is
         dropped by the next add of another prompt or without keep_prefill."""
@@ -131,7 +137,8 @@ class Batch:
             self._kept = (key, copy.deepcopy(cache), states)
         root = _choose(target.logits(states.features[0, -1:]), sampling, generator)
         seq = Sequence(n, min(max_new_tokens, target.max_context - n), sampling, generator, set(stops), root,
-                       torch.cat([ids[1:], torch.tensor([root], device=target.device)]), states.hidden[0])
+                       torch.cat([ids[1:], torch.tensor([root], device=target.device)]), states.hidden[0],
+                       speculative=speculative)
         seq.finish_reason = "stop" if root in seq.stops else "length" if seq.produced >= seq.budget else None
         first = StepOutput([root], StepStats(0, 1, n), seq.finish_reason)
         if seq.done:
@@ -174,7 +181,8 @@ class Batch:
         if not self.sequences:
             return []
         target, seqs, rows = self.target, self.sequences, self._rows
-        drafter = self.choose(len(seqs)) if self.drafter is not None else None
+        drafting = any(s.speculative for s in seqs)
+        drafter = self.choose(len(seqs)) if self.drafter is not None and drafting else None
         trees = self._draft_trees(drafter)
         sizes = [t.tokens.numel() for t in trees]
         width = max(sizes)
@@ -202,7 +210,9 @@ class Batch:
                     break
             seq.produced += len(emit)
             seq.finish_reason = "stop" if emit[-1] in seq.stops else "length" if seq.produced >= seq.budget else None
-            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r]), seq.finish_reason)))
+            bonus = sizes[r] > 1 and not bool((tree.buffers.parents == int(acc.path[-1])).any())
+            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus),
+                                            seq.finish_reason)))
             new_tokens, new_hidden = torch.tensor(new, device=target.device), states.hidden[r][path]
             if drafter is None:  # the head has not seen the pending pairs: they wait for its next draft
                 new_tokens = torch.cat([seq.pending_tokens, new_tokens])
@@ -210,15 +220,15 @@ class Batch:
             seq.pending_tokens, seq.pending_hidden = new_tokens, new_hidden
             seq.root = acc.next_token
         rows.keep_paths(start, paths)
-        if self.report is not None:
+        if self.report is not None and drafting:  # an all-vanilla step says nothing of the tree
             self.report(len(seqs), [out.stats for _, out in outputs])
         self.remove([s for s in seqs if s.done])
         return outputs
 
     def _draft_trees(self, drafter: Drafter | None) -> list[DraftTree]:
         """One drafting pass for all rows; a row too close to its end (no room in the context for a
-        tree, or one token left) verifies its root alone: its draft is computed and dropped, which
-        keeps the head's cache in step with the others."""
+        tree, or one token left), or one that does not draft (`speculative=False`), verifies its root
+        alone: its draft is computed and dropped, which keeps the head's cache in step with the others."""
         seqs = self.sequences
         if drafter is None:
             return [self._root_only(s) for s in seqs]
@@ -226,7 +236,7 @@ class Batch:
                                    [s.pending_hidden for s in seqs], [s.root for s in seqs])
         room = self.target.max_context - drafter.max_nodes
         lens = self._rows.lens.tolist()
-        return [tree if lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s)
+        return [tree if s.speculative and lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s)
                 for r, (s, tree) in enumerate(zip(seqs, trees))]
 
     def _root_only(self, seq: Sequence) -> DraftTree:

@@ -29,6 +29,8 @@ from ..errors import EagleError
 from .config import ServeConfig
 from .engine import Delta, Done, Engine, Failed, Job, PromptTooLong, QueueFull, Started
 from .guard import Guard
+from .origin import tree_label, whole_tokens
+from .page import add_page
 from .protocol import MIN_TEMPERATURE, ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
 
 _POLL_S = 0.25  # a request waiting for events checks at least this often that its client is still there
@@ -201,8 +203,9 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             raise APIError(503, SHUTTING_DOWN, code="shutting_down", type_="server_error")
         batch: list[Job] = []
         try:
+            ext = req.extension()
             for ids, budget in zip(prompts, budgets):
-                batch.append(engine.submit(ids, budget, sampling, req.stops()))
+                batch.append(engine.submit(ids, budget, sampling, req.stops(), ext.speculative, ext.token_origin))
                 jobs[id(batch[-1])] = batch[-1]
         except QueueFull as exc:
             for job in batch:
@@ -257,16 +260,24 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
         try:
             for index, job in enumerate(batch):  # one after the other: the others' events wait in their queues
                 parts: list[str] = []
+                spans, steps = [], []
                 while not isinstance(event := await _next_event(request, job), Done):
                     if isinstance(event, Delta):
                         parts.append(event.text)
+                        if event.origin is not None:
+                            spans += event.origin["tokens"]
+                            steps += event.origin["steps"]
                     elif isinstance(event, Failed):
                         raise _failure(event)
                 text = "".join(parts)
                 choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                                 "finish_reason": event.finish_reason} if chat else
                                {"index": index, "text": text, "logprobs": None, "finish_reason": event.finish_reason})
-                stats.append({**event.stats, **extras[index]})
+                extra = extras[index]
+                if job.token_origin:
+                    extra = {**extra, "tree": tree_label(generator, job.speculative), "tokens": whole_tokens(spans),
+                             "steps": steps}
+                stats.append({**event.stats, **extra})
                 completion_tokens += event.completion_tokens
         finally:
             for job in batch:
@@ -288,13 +299,16 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                 choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish}
             return _event({**meta, "choices": [choice], **more})
 
+        # with token_origin the first chunk names the tree and every step's chunk carries its tokens' origins
+        first = batch[0]
+        head = {"eaglespec": {"tree": tree_label(generator, first.speculative)}} if first.token_origin else {}
         completion_tokens = 0
         try:
-            if chat:
-                yield chunk(0, None, role=True)
+            if chat or head:
+                yield chunk(0, None, role=chat, **head)
             async for index, event in _events(batch):
                 if isinstance(event, Delta):
-                    yield chunk(index, event.text)
+                    yield chunk(index, event.text, **({} if event.origin is None else {"eaglespec": event.origin}))
                 elif isinstance(event, Failed):
                     err = _failure(event)
                     yield _event(error_body(err.message, err.type, None, err.code))
@@ -335,6 +349,7 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             await asyncio.sleep(0.05)
 
     app.state.drain = drain
+    add_page(app)
     return app
 
 

@@ -97,6 +97,7 @@ def cmd_serve(args) -> int:
     gen = load_generator(args, max_batch=config.max_batch)
     app = create_app(gen, config)
     auth = "API key required" if config.api_key else "no API key"
-    print(f"eaglespec: serving {app.state.model_name!r} on http://{config.host}:{config.port}/v1 ({auth})", file=sys.stderr)
+    base = f"http://{config.host}:{config.port}"
+    print(f"eaglespec: serving {app.state.model_name!r} on {base}/v1 ({auth}); chat page at {base}/", file=sys.stderr)
     server(app, host=config.host, port=config.port, log_level=args.log_level).run()
     return 0

@@ -2,7 +2,8 @@
 
 Each job carries a cancel flag, checked between decoding steps: a client that goes away frees its
 place in the batch at the next step, and a job cancelled while still queued is skipped. Events go
-back to the job's asyncio loop thread-safely.
+back to the job's asyncio loop thread-safely. A job that asks for token origins
+(serve/origin.py) gets a Delta per step, carrying that step's tokens and their origins.
 
 Requests are tokenized with a copy of the target's tokenizer, under a lock of their own: the
 worker detokenizes every step with the original and never waits behind a long prompt.
@@ -21,6 +22,7 @@ from ..core.config import SamplingParams
 from ..engine.decoding import GenerationResult
 from ..engine.prompts import COUNT_CHUNK_CHARS, prompt_text, tokens_at_least
 from ..engine.text import TextStream
+from .origin import TARGET, TokenSpans, step_origins, step_record
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Started:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    origin: dict | None = None  # with token_origin: {"tokens": [{i, text, origin}], "steps": [{accepted, ...}]}
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    speculative: bool = True   # False: decoded without drafts (the request's "eaglespec": {"speculative": false})
+    token_origin: bool = False  # report each token's origin and each step (serve/origin.py)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -105,12 +110,14 @@ class Engine:
         self._thread.start()
 
     # -- called from the event loop ------------------------------------------------------------
-    def submit(self, input_ids: list[int], max_tokens: int, sampling: SamplingParams, stop: list[str]) -> Job:
+    def submit(self, input_ids: list[int], max_tokens: int, sampling: SamplingParams, stop: list[str],
+               speculative: bool = True, token_origin: bool = False) -> Job:
         with self._count_lock:
             if self._waiting >= self.max_queue:
                 raise QueueFull(f"{self._waiting} requests are already waiting")
             self._waiting += 1
-        job = Job(input_ids, max_tokens, sampling, stop, asyncio.get_running_loop())
+        job = Job(input_ids, max_tokens, sampling, stop, asyncio.get_running_loop(), speculative=speculative,
+                  token_origin=token_origin)
         self._queue.put(job)
         return job
 
@@ -192,9 +199,10 @@ class Engine:
             if job.cancelled.is_set():
                 continue
             job.emit(Started(time.perf_counter() - job.submitted))
-            r = _Running(job, TextStream(self.decode, job.stop), self.decode, self.speculative)
+            r = _Running(job, TextStream(self.decode, job.stop), self.decode, self.speculative and job.speculative)
             try:
-                seq, first = batch.add(job.input_ids, job.max_tokens, job.sampling, self.generator.eos_token_ids())
+                seq, first = batch.add(job.input_ids, job.max_tokens, job.sampling, self.generator.eos_token_ids(),
+                                       speculative=job.speculative)
             except Exception as exc:
                 job.emit(Failed(f"{type(exc).__name__}: {exc}"))
                 continue
@@ -214,24 +222,43 @@ class _Running:
     def __init__(self, job: Job, text: TextStream, decode, speculative: bool):
         self.job, self.text, self.decode, self.speculative = job, text, decode, speculative
         self.result = GenerationResult(prompt_tokens=len(job.input_ids))
+        self.spans = TokenSpans() if job.token_origin else None
         self.start = time.perf_counter()
 
     def take(self, out) -> str | None:
         """One step's tokens -> a text delta. Returns the finish reason once the job is done."""
+        prefill = not self.result.token_ids  # the first output is the prefill's token, not a step
         self.result.add(out)
+        sent = self.text.sent
         delta = self.text.push(out.tokens)
-        if delta:
+        if self.spans is not None:
+            self._mark(out.tokens, [TARGET] if prefill else step_origins(out.stats))
+            self._send(sent, delta, [] if prefill else [step_record(out.stats)])
+        elif delta:
             self.job.emit(Delta(delta))
         if self.text.stopped:
             return "stop"
         return out.finish_reason
 
+    def _mark(self, tokens: list[int], origins: list[str]) -> None:
+        """Where each new token's text ends: the length of the text decoded up to it (an incomplete
+        UTF-8 character at the end belongs to the token that completes it)."""
+        ids = self.text.ids
+        for j, origin in zip(range(len(ids) - len(tokens) + 1, len(ids) + 1), origins):
+            self.spans.add(len(self.decode(ids[:j]).rstrip("\ufffd")), origin)
+
+    def _send(self, sent: int, delta: str, steps: list[dict]) -> None:
+        self.job.emit(Delta(delta, {"tokens": self.spans.spans(sent, delta), "steps": steps}))
+
     def finish(self, reason: str) -> None:
         result = self.result
         result.finish_reason = reason
         if reason != "cancelled":
+            sent = self.text.sent
             rest = self.text.flush()
-            if rest:
+            if rest and self.spans is not None:
+                self._send(sent, rest, [])
+            elif rest:
                 self.job.emit(Delta(rest))
         result.elapsed = time.perf_counter() - self.start
         stats = {

@@ -16,6 +16,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from .config import ServeConfig
+from .page import PAGE_PATHS
 from .protocol import error_body
 
 
@@ -54,8 +55,8 @@ class Guard:
 
     def _check_key(self, path: str, header: str) -> None:
         key = self.config.api_key
-        if key is None or path == "/health":
-            return
+        if key is None or path == "/health" or (path in PAGE_PATHS and not header):
+            return  # the chat page holds no data and a page load cannot carry the key: it asks for it
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), key.encode()):
             raise _Refused(401, "invalid or missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")

@@ -47,6 +47,14 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class Extension(BaseModel):
+    """The request's own `eaglespec` object (not OpenAI's; docs/serving.md): off unless asked for."""
+    model_config = ConfigDict(extra="forbid")
+
+    token_origin: StrictBool = False  # each chunk says its tokens' origins (draft, bonus, recovered, target) and steps
+    speculative: StrictBool = True    # false: decode this request without drafting (vanilla, for comparison)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -61,6 +69,7 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     n: StrictInt | None = Field(default=None, ge=1, le=1)  # null = 1
     logit_bias: Any = None
+    eaglespec: Extension | None = None  # null = the defaults, as for every optional field
 
     # fields this server cannot honour -> the values that ask for nothing, the only ones accepted
     UNSUPPORTED: ClassVar[dict[str, tuple]] = {"logit_bias": (None, {})}
@@ -91,6 +100,9 @@ class _Request(BaseModel):
 
     def stops(self) -> list[str]:
         return self.stop or []
+
+    def extension(self) -> Extension:
+        return self.eaglespec or Extension()
 
 
 class ChatCompletionRequest(_Request):
