@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.config import SPECULATIVE, DynamicTreeSpec, SamplingParams, parse_tree
 from ..core.verify import Acceptance
 from ..draft.drafter import Drafter, DraftTree
 from ..draft.head import EagleHead
@@ -288,9 +288,10 @@ class EagleGenerator:
     def generate_batch(self, prompts: list[str] | None = None, *, input_ids: list[list[int]] | None = None,
                        max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                        seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                       stop_token_ids: set[int] | None = None) -> list[GenerationResult]:
+                       stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> list[GenerationResult]:
         """Blocking generation of several prompts decoded together (one draft pass and one target
-        forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given.
+        forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given
+        (in sampling_mode 'reproducible': exactly what `generate(..., seed=seed + i)` gives).
         Each result's `elapsed` is the batch's wall time up to that sequence's last token."""
         if input_ids is None:
             if prompts is None:
@@ -302,7 +303,7 @@ class EagleGenerator:
         start = time.perf_counter()
         owner = {}
         for i, ids in enumerate(input_ids):
-            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i)
+            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i, sampling_mode)
             again = i + 1 < len(input_ids) and list(input_ids[i + 1]) == list(ids)  # copies share one prefill
             seq, first = batch.add(list(ids), max_new_tokens, sampling, stops, keep_prefill=again)
             results[i].add(first)
@@ -320,9 +321,11 @@ class EagleGenerator:
     def generate(self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                 stop_token_ids: set[int] | None = None) -> GenerationResult:
-        """Blocking generation: collects `stream`."""
-        sampling = SamplingParams(temperature, top_p, top_k, seed)
+                 stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> GenerationResult:
+        """Blocking generation: collects `stream`. sampling_mode: 'speculative' (multi-round speculative
+        sampling: the target's distribution) or 'reproducible' (with a seed, the same ids as seeded
+        vanilla sampling, alone or in any batch, with any tree); see SamplingParams."""
+        sampling = SamplingParams(temperature, top_p, top_k, seed, sampling_mode)
         if input_ids is None:
             input_ids = self.encode(prompt, messages, chat_template)
         result = GenerationResult(prompt_tokens=len(input_ids))
