@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
     from ..bench import batching as bench_batch
     from ..bench import cli as bench_cli
+    from ..bench import modes as bench_modes
     from ..interop import cli as interop_cli
     from ..serve import cli as serve_cli
     from ..tools import certify
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_distill_parser(sub)
     bench_cli.register(sub)
     bench_batch.register(sub)
+    bench_modes.register(sub)
     serve_cli.register(sub)
     chat.register(sub)
     certify.register(sub)

@@ -56,7 +56,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="how sampled drafts are verified: speculative (default; multi-round speculative sampling: "
                         "the target's distribution, a seeded sample may depend on the tree and the batch) or "
                         "reproducible (noise keyed on seed and position: with --seed, the same ids as seeded vanilla "
-                        "sampling, alone or in any batch, with any tree); see docs/decoding.md")
+                        "sampling, alone or in any batch, with any tree); see docs/sampling.md")
 
 
 def check_model_args(args) -> None:
