@@ -225,7 +225,8 @@ class Drafter:
                 g.out[n] = out[r, i]
             g.slots.extend(ns)
 
-    def _grow_static(self, state: DraftState, growths: list[_Growth], base: int, noise) -> None:
+    def _grow_static(self, state: DraftState, growths: list[_Growth], base: int,
+                     noise: list[DraftNoise | None] | None) -> None:
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
                 self._expand(state, growths, [expand] * len(growths), base)
@@ -239,7 +240,8 @@ class Drafter:
                     node = g.add(ids[row[par]][rank], par, g.scores[par] + lp[row[par]][rank])
                     assert node == child, "static tree levels must be contiguous and ordered"
 
-    def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int, noise) -> list[torch.Tensor]:
+    def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
+                      noise: list[DraftNoise | None] | None) -> list[torch.Tensor]:
         spec: DynamicTreeSpec = self.tree
         frontiers = [[0] for _ in growths]
         for d in range(spec.depth):
