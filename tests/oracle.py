@@ -27,7 +27,7 @@ class OracleDrafter:
     def absorb(self, state, new_tokens, new_features) -> None:
         state[0].extend(new_tokens.tolist())
 
-    def draft_rows(self, state, new_tokens, new_features, roots) -> list[DraftTree]:
+    def draft_rows(self, state, new_tokens, new_features, roots, noise=None) -> list[DraftTree]:
         return [self.draft_one(h, t, f, root) for h, t, f, root in zip(state, new_tokens, new_features, roots)]
 
     def draft_one(self, history: list[int], new_tokens, new_features, root) -> DraftTree:

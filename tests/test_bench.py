@@ -273,3 +273,51 @@ def test_register_adds_bench_and_validates_before_loading(tmp_path):
     args = parser.parse_args(["bench", "--dataset", str(tmp_path / "missing.jsonl")])
     with pytest.raises(EagleError, match="not found"):
         args.func(args)
+
+
+# -- bench-modes: both sampling modes side by side -------------------------------------------------
+def test_bench_modes_writes_one_table_of_both_modes(gen, tmp_path, capsys):
+    from eaglespec.bench import modes
+
+    args = argparse.ArgumentParser()
+    sub = args.add_subparsers()
+    modes.register(sub)
+    parsed = args.parse_args(["bench-modes", "--temperature", "0.7,1.0", "--top-p", "0.9,1.0", "--paired",
+                              "--seed", "3", "--methods", "chain:2,dynamic:2,2,4"])
+    settings = modes.sampling_settings(parsed)
+    assert [(s.temperature, s.top_p, s.seed) for s in settings] == [(0.7, 0.9, 3), (1.0, 1.0, 3)]
+    methods = modes.mode_methods(gen, parsed.methods, modes.parse_modes(parsed.sampling_mode), "eagle1")
+    assert [m.name for m in methods] == ["vanilla", "vanilla[reproducible]", "chain:2[speculative]",
+                                         "chain:2[reproducible]", "dynamic:2,2,4[speculative]", "dynamic:2,2,4[reproducible]"]
+    meta = run_metadata(gen, methods, command="test", head="random", dataset="tiny", max_new_tokens=8, seed=3)
+    data = modes.run_modes(gen, QUESTIONS, methods, settings, tmp_path, max_new_tokens=8, meta=meta, progress=False,
+                           warmup=False)
+    assert modes.write_and_verdict(data, tmp_path) == 0
+    rows = data["rows"]
+    assert len(rows) == 2 * len(methods)
+    for r in rows:
+        assert r["prompts"] == 2 and r["tokens_per_s"] > 0
+        if r["method"] != "vanilla":
+            assert r["tau"] >= 1 and 0 <= r["alpha1"] <= 1 and r["accepted_per_step"] == pytest.approx(r["tau"] - 1)
+        assert r["identical"] == (2 if r["mode"] == "reproducible" and r["method"] != "vanilla" else None)
+    md = (tmp_path / "modes.md").read_text()
+    assert "| 0.7 | 0.9 | reproducible | chain:2 |" in md and "| 2/2 |" in md
+    assert (tmp_path / "t0.7-p0.9" / "results.json").exists() and json.loads((tmp_path / "modes.json").read_text())["rows"]
+    # resumed: the journals hold every prompt, nothing runs again
+    again = modes.run_modes(gen, QUESTIONS, methods, settings, tmp_path, max_new_tokens=8, meta=meta, progress=False)
+    assert [r["tokens"] for r in again["rows"]] == [r["tokens"] for r in rows]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sampling-mode", "speculative,gumbel"], "--sampling-mode takes speculative,reproducible"),
+    (["--temperature", "0.7,hot"], "--temperature takes comma-separated numbers"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--temperature", "0.7,1.0", "--top-p", "0.9", "--paired"], "--paired needs as many"),
+    (["--seed", str(2**64)], "seed must be an integer"),
+    (["--allow-inexact"], "--sampling-mode reproducible cannot hold with --allow-inexact"),
+])
+def test_bench_modes_bad_options_fail_before_loading(argv, message, capsys):
+    from eaglespec.cli.commands import main
+
+    assert main(["bench-modes", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -162,6 +162,28 @@ def test_a_biased_residual_fails_the_sampling_test(monkeypatch):
     assert "| FAIL |" in cf.markdown(cert)
 
 
+def test_the_reproducible_check_passes_and_catches_a_wrong_token(monkeypatch):
+    """Check 4: seeded vanilla sampling against EAGLE alone and in a batch, in the reproducible mode;
+    a verifier whose bonus after a drafted tree is off by one is a real defect."""
+    gen = random_head_generator()
+    settings = replace(FAST, samples=20, sample_prompts=2)
+    cert = cf.certify(gen, PROMPTS, settings)
+    rep = cert.reproducible
+    assert cert.ok and rep["ok"] and rep["identical"] == len(rep["rows"]) == 2 * 2 * len(cf.SAMPLING_SETTINGS)
+    assert "4. reproducible sampling" in cf.markdown(cert)
+    real = eaglespec.engine.batch.verify_chosen
+
+    def wrong(tokens, target_token, parents):
+        acc = real(tokens, target_token, parents)
+        return acc if tokens.numel() == 1 else replace(acc, next_token=(acc.next_token + 1) % gen.target.vocab_size)
+
+    monkeypatch.setattr(eaglespec.engine.batch, "verify_chosen", wrong)
+    cert = cf.certify(gen, PROMPTS, settings)
+    assert cert.greedy["ok"] and cert.sampling["ok"] and not cert.ok
+    assert cert.reproducible["defects"] > 0 and "reproducible-sampling defect" in cert.verdict
+    assert "REAL DEFECT" in cf.markdown(cert)
+
+
 def test_certify_refuses_vanilla_and_no_prompts():
     with pytest.raises(EagleError, match="at least one prompt"):
         cf.certify(random_head_generator(), [], FAST)

@@ -94,9 +94,27 @@ def execute(gen, questions: list[Question], methods: list[Method], out: Path, me
             sampling: SamplingParams, turns: int = 1, dataset: str = "", chat_template: bool = True,
             warmup: bool = True, progress: bool = True, plots: bool = True) -> int:
     """Run, write every output, print the table; -> exit code (EXIT_NOT_LOSSLESS on an EAGLE mismatch)."""
+    from .report import markdown
+
+    result, summary, meta = run_journaled(gen, questions, methods, out, meta, max_new_tokens=max_new_tokens,
+                                          sampling=sampling, turns=turns, dataset=dataset, chat_template=chat_template,
+                                          warmup=warmup, progress=progress, plots=plots)
+    print(markdown(result, summary, meta))
+    if result.failures:
+        print(f"eaglespec bench: LOSSLESSNESS FAILURE: {len(result.failures)} EAGLE output(s) differ from vanilla "
+              f"under greedy decoding or seeded reproducible sampling (see {out / 'results.md'})", file=sys.stderr)
+        return EXIT_NOT_LOSSLESS
+    return 0
+
+
+def run_journaled(gen, questions: list[Question], methods: list[Method], out: Path, meta: dict, *, max_new_tokens: int,
+                  sampling: SamplingParams, turns: int = 1, dataset: str = "", chat_template: bool = True,
+                  warmup: bool = True, progress: bool = True, plots: bool = True):
+    """Run (resuming the journal in `out`) and write results.json / results.md / plots there;
+    -> (BenchResult, summary, meta with the prompt count)."""
     from .harness import Journal, run_bench
     from .metrics import summarize
-    from .report import markdown, write_outputs
+    from .report import write_outputs
 
     journal = Journal(out, {**{k: meta.get(k) for k in RESUME_META}, "dataset": dataset, "turns": turns,
                             "chat_template": chat_template, "max_new_tokens": max_new_tokens,
@@ -113,19 +131,14 @@ def execute(gen, questions: list[Question], methods: list[Method], out: Path, me
     summary = summarize([(e.method, e.category, e.record) for e in result.entries], BASELINE,
                         {m.name: m.depth for m in methods})
     paths = write_outputs(out, result, summary, meta, plots)
-    print(markdown(result, summary, meta))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    if result.failures:
-        print(f"eaglespec bench: LOSSLESSNESS FAILURE: {len(result.failures)} EAGLE output(s) differ from vanilla "
-              f"under greedy decoding (see {out / 'results.md'})", file=sys.stderr)
-        return EXIT_NOT_LOSSLESS
-    return 0
+    return result, summary, meta
 
 
 def cmd_bench(args) -> int:
     from ..cli.options import load_generator
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.sampling_mode)  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     chains = parse_depths(args.chain)

@@ -2,8 +2,8 @@
 
 For each question (and turn) every method runs once, in an order rotated by one per prompt, so that
 machine drift (thermal, other load) spreads over all methods instead of favouring the one that runs
-first. Under greedy decoding each lossless method must emit exactly vanilla's ids: a mismatch is a
-failure, reported at once and in the result; outside references (HF) only raise a warning, as they
+first. Under greedy decoding, and in the reproducible sampling mode with a seed, each lossless method
+must emit exactly vanilla's ids: a mismatch is a failure, reported at once and in the result; outside references (HF) only raise a warning, as they
 run other kernels. The second MT-bench turn appends vanilla's own first answer to the messages.
 
 A `Journal` keeps every finished prompt on disk, so an interrupted run resumes where it stopped.
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..core.config import SamplingParams
+from ..core.config import REPRODUCIBLE, SamplingParams
 from ..errors import EagleError
 from .datasets import Question
 from .methods import BASELINE, Method
@@ -36,7 +36,7 @@ class Entry:
     order: int                    # position of the method in this prompt's rotation (0 = ran first)
     prompt_tokens: int
     record: Record
-    matches_vanilla: bool | None  # greedy only; None for vanilla itself and at temperature > 0
+    matches_vanilla: bool | None  # greedy or seeded reproducible sampling; None for vanilla itself and otherwise
 
 
 @dataclass
@@ -140,6 +140,7 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
     if len({m.name for m in methods}) != len(methods):
         raise ValueError(f"method names must be unique: {[m.name for m in methods]}")
     user_text = user_text or (lambda q, t: q.turns[t])
+    identical = sampling.greedy or (sampling.mode == REPRODUCIBLE and sampling.seed is not None)  # ids must equal vanilla's
     todo = [(q, t) for q in questions for t in range(min(turns, len(q.turns)))]
     if journal is not None and all((q.question_id, t + 1) in journal.done for q, t in todo):
         warmup = False  # nothing left to time
@@ -183,7 +184,7 @@ def run_bench(questions: list[Question], methods: list[Method], encode: Callable
                 for method in methods:
                     order, record = records[method.name]
                     match = None
-                    if sampling.greedy and method.name != BASELINE:
+                    if identical and method.name != BASELINE:
                         at = first_difference(vanilla, record.token_ids)
                         match = at is None
                         if not match:

@@ -13,11 +13,11 @@ from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampli
 
 
 def cmd_generate(args) -> int:
-    from ..core.config import SamplingParams
+    from ..core.config import REPRODUCIBLE, SamplingParams
     from ..engine.decoding import GenerationResult
     from ..engine.text import TextStream
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # validate before loading
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.sampling_mode)  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     check_model_args(args)
@@ -36,9 +36,11 @@ def cmd_generate(args) -> int:
           f"tau={result.tau:.2f} tokens/s={result.tokens_per_second:.1f}", file=sys.stderr)
     if args.compare_vanilla:
         vanilla = gen.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, speculative=False)
-        same = ("identical" if vanilla.token_ids == result.token_ids else
-                "different (sampling)" if args.temperature > 0 else "DIFFERENT")
+                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, speculative=False,
+                               sampling_mode=args.sampling_mode)
+        # a sample is expected to differ only in the speculative mode or without a seed
+        held = sampling.greedy or (sampling.mode == REPRODUCIBLE and args.seed is not None)
+        same = "identical" if vanilla.token_ids == result.token_ids else "DIFFERENT" if held else "different (sampling)"
         print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
               f"tokens/s={vanilla.tokens_per_second:.1f} "
               f"speedup={result.tokens_per_second / vanilla.tokens_per_second:.2f}x output={same}", file=sys.stderr)
@@ -187,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Each job registers its own sub-command; heavy imports happen inside the handlers.
     from ..bench import batching as bench_batch
     from ..bench import cli as bench_cli
+    from ..bench import modes as bench_modes
     from ..interop import cli as interop_cli
     from ..serve import cli as serve_cli
     from ..tools import certify
@@ -198,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_distill_parser(sub)
     bench_cli.register(sub)
     bench_batch.register(sub)
+    bench_modes.register(sub)
     serve_cli.register(sub)
     chat.register(sub)
     certify.register(sub)

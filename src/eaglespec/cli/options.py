@@ -50,6 +50,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    from ..core.config import SAMPLING_MODES, SPECULATIVE
+
+    p.add_argument("--sampling-mode", default=SPECULATIVE, choices=SAMPLING_MODES,
+                   help="how sampled drafts are verified: speculative (default; multi-round speculative sampling: "
+                        "the target's distribution, a seeded sample may depend on the tree and the batch) or "
+                        "reproducible (noise keyed on seed and position: with --seed, the same ids as seeded vanilla "
+                        "sampling, alone or in any batch, with any tree); see docs/sampling.md")
 
 
 def check_model_args(args) -> None:
@@ -57,10 +64,13 @@ def check_model_args(args) -> None:
     checked by EagleGenerator.from_pretrained, also before the target loads)."""
     from pathlib import Path
 
-    from ..core.config import parse_tree
+    from ..core.config import REPRODUCIBLE, parse_tree
+    from ..engine.decoding import INEXACT_TREES
     from ..engine.target import check_device
 
     check_device(args.device)
+    if getattr(args, "sampling_mode", None) == REPRODUCIBLE and args.allow_inexact:
+        raise EagleError(f"--sampling-mode reproducible cannot hold with --allow-inexact: {INEXACT_TREES}")
     if args.dtype != "auto":
         from ..engine.numerics import check_dtype_runs
 

@@ -11,6 +11,8 @@ from ..errors import EagleError
 
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM's _SAMPLING_EPS)
+SPECULATIVE, REPRODUCIBLE = "speculative", "reproducible"
+SAMPLING_MODES = (SPECULATIVE, REPRODUCIBLE)  # how sampled drafts are verified: see SamplingParams.mode
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,10 @@ class SamplingParams:
                               # GREEDY_BELOW it is greedy too (softmax of logits / 1e-38 overflows to inf)
     top_p: float = 1.0        # nucleus: keep the smallest set of tokens with cumulative probability >= top_p
     top_k: int = 0            # keep the k most likely tokens; 0 = all
-    seed: int | None = None   # seeds the sampler (draws of acceptance tests and of tokens)
+    seed: int | None = None   # seeds the sampler (draws of acceptance tests and of tokens); None: a fresh one
+    mode: str = SPECULATIVE   # speculative: multi-round speculative sampling (the target's distribution;
+                              # a seeded sample may depend on the tree and the batch); reproducible: Gumbel
+                              # noise keyed on (seed, position), the seeded vanilla sample token for token
 
     def __post_init__(self) -> None:
         t, p, k = self.temperature, self.top_p, self.top_k
@@ -32,6 +37,8 @@ class SamplingParams:
         s = self.seed
         if s is not None and (not isinstance(s, int) or not -2**63 <= s < 2**64):
             raise EagleError(f"seed must be an integer in [-2**63, 2**64), got {s}")
+        if self.mode not in SAMPLING_MODES:
+            raise EagleError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, got {self.mode!r}")
 
     @property
     def greedy(self) -> bool:

@@ -15,6 +15,15 @@ def logits_to_probs(
     logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> torch.Tensor:
     """[..., V] logits -> [..., V] probabilities. top_k = 0 and top_p = 1.0 disable the filters."""
+    return processed_scores(logits, temperature, top_k, top_p).softmax(dim=-1)
+
+
+def processed_scores(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """[..., V] logits -> [..., V] log p up to a constant per row: logits / temperature, -inf
+    outside top-k and top-p (float32, float64 for float64 logits). softmax of it is p; reproducible
+    sampling adds keyed Gumbel noise to it (core/noise.py)."""
     if not temperature > 0:
         raise ValueError(f"logits_to_probs needs temperature > 0, got {temperature}; use argmax")
     # Half-precision softmax loses the small probabilities that speculative sampling relies on.
@@ -26,7 +35,7 @@ def logits_to_probs(
         scores = scores.masked_fill(scores < kth, -math.inf)
     if top_p < 1.0:
         scores = scores.masked_fill(~_nucleus(scores.softmax(dim=-1), top_p), -math.inf)
-    return scores.softmax(dim=-1)
+    return scores
 
 
 NUCLEUS_CANDIDATES = 256  # tokens ranked before falling back to sorting the whole vocabulary

@@ -16,6 +16,12 @@ on "the token is not c". Trying siblings in turn against successive residuals th
 each drafted token with its probability under p, and any other token, from the final residual,
 with its probability under p as well. The emitted token has distribution p at every position,
 and by induction along the accepted path the whole output is distributed as the target's.
+
+Reproducible sampling (`verify_chosen`) gives up that coupling for a stronger guarantee: the
+target's token at every node is fixed in advance by keyed Gumbel noise (core/noise.py), so
+verification is greedy verification against those perturbed choices, and the output is the seeded
+vanilla sample itself, token for token, whatever the tree. Its acceptance is P(draft's perturbed
+choice = target's), which can be below multi-round speculative sampling's 1 - TV(p, q).
 """
 
 from dataclasses import dataclass
@@ -101,3 +107,27 @@ def verify_sampling(
 
     path_t = torch.tensor(path, dtype=torch.long, device=tree_tokens.device)
     return Acceptance(path_t, tree_tokens[path_t[1:]], next_token)
+
+
+def verify_chosen(tree_tokens: torch.Tensor, target_token: Callable[[int], int], parents: torch.Tensor) -> Acceptance:
+    """Greedy verification against a target that chooses one token per node (reproducible sampling:
+    the perturbed argmax at the node's sequence position). From the root down, accept the child
+    whose token the target chose at its parent; the target's choice at the last accepted node is
+    the bonus token. Only the a+1 visited nodes are asked (a choice costs a top-p pass and noise).
+
+    tree_tokens: [N] long (node 0 = root); target_token: node -> token id; parents: [N] long,
+    topologically ordered. Siblings carry distinct tokens (top-k children), so at most one matches.
+    """
+    tokens = tree_tokens.tolist()
+    children: list[dict[int, int]] = [{} for _ in tokens]
+    for child, parent in enumerate(parents.tolist()[1:], start=1):
+        children[parent].setdefault(tokens[child], child)
+    path = [0]
+    while True:
+        chosen = target_token(path[-1])
+        child = children[path[-1]].get(chosen)
+        if child is None:
+            break
+        path.append(child)
+    path_t = torch.tensor(path, dtype=torch.long, device=tree_tokens.device)
+    return Acceptance(path_t, tree_tokens[path_t[1:]], chosen)

@@ -6,6 +6,9 @@ for EAGLE-1, the fused layers for EAGLE-3, both through `head.encode`) are kept 
 cache across steps; pairs built from the head's own outputs (the tree being drafted) are appended
 during drafting and cropped away afterwards. Each depth level costs one head forward over all the
 nodes of that level that get children. Draft ids become target ids before they enter the tree.
+In reproducible sampling a row's children are ranked by q perturbed with the target's own keyed
+noise at their position (core/noise.py), so its first child is the target's token whenever the
+draft's perturbed choice agrees with the target's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from transformers import DynamicCache
 
 from ..core.attention import additive_mask
 from ..core.config import DynamicTreeSpec
+from ..core.noise import DraftNoise, perturbed_logprobs
 from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
 from ..engine.kv_cache import RowCache
 
@@ -128,6 +132,15 @@ class Drafter:
     def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.to_target_ids(ids)
 
+    def _ranked(self, logp: torch.Tensor, noise: list[DraftNoise | None] | None, depth: int) -> torch.Tensor:
+        """[B, E, Vd] draft log-probabilities of the depth-`depth` nodes -> what their children are
+        ranked and scored by: q itself, or for a row with noise q perturbed at its position."""
+        if noise is None or all(n is None for n in noise):
+            return logp
+        ids = self._to_target_ids(torch.arange(logp.shape[-1], device=logp.device))  # [Vd] target ids
+        return torch.stack([lp if n is None else perturbed_logprobs(lp, n, depth, ids).to(lp.dtype)
+                            for lp, n in zip(logp, noise)])
+
     def _head(self, state: DraftState, base: int, tokens: torch.Tensor, hidden: torch.Tensor, block: torch.Tensor,
               positions: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
         """Append M pairs per row to the head cache and run the head over them.
@@ -145,23 +158,24 @@ class Drafter:
 
     @torch.no_grad()
     def draft_rows(self, state: DraftState, new_tokens: list[torch.Tensor], new_features: list[torch.Tensor],
-                   roots: list[int]) -> list[DraftTree]:
+                   roots: list[int], noise: list[DraftNoise | None] | None = None) -> list[DraftTree]:
         """For each row r: new_tokens[r] [P] (x[t+1]) and new_features[r] [P, k*H] (the target's
         states at t, as `hidden_layers` asks) are the real pairs not yet in the head cache, the last
         pair ending with the root token. Every row's tree has the same shape (the static tree, or
         the dynamic tree's top-k frontier per depth), so each depth is one head forward for the
-        whole batch. Returns each row's tree rooted at roots[r]."""
+        whole batch. noise[r]: a reproducible row's keyed noise (None: rank by q). Returns each
+        row's tree rooted at roots[r]."""
         device = new_features[0].device
         counts = [t.numel() for t in new_tokens]
         out = self._absorb(state, new_tokens, new_features)
         growths = [_Growth(root, out[r, counts[r] - 1], device) for r, root in enumerate(roots)]
         base = state.rows.length
         if isinstance(self.tree, StaticTree):
-            self._grow_static(state, growths, base)
+            self._grow_static(state, growths, base, noise)
             state.rows.crop(base)  # forget the pairs built from predicted features
             return [DraftTree(torch.tensor(g.tokens, dtype=torch.long, device=device), self.tree.buffers)
                     for g in growths]
-        keeps = self._grow_dynamic(state, growths, base)
+        keeps = self._grow_dynamic(state, growths, base, noise)
         state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
 
@@ -211,11 +225,13 @@ class Drafter:
                 g.out[n] = out[r, i]
             g.slots.extend(ns)
 
-    def _grow_static(self, state: DraftState, growths: list[_Growth], base: int) -> None:
+    def _grow_static(self, state: DraftState, growths: list[_Growth], base: int,
+                     noise: list[DraftNoise | None] | None) -> None:
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
                 self._expand(state, growths, [expand] * len(growths), base)
             logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
+            logp = self._ranked(logp, noise, d)
             top_lp, top_ids = logp.topk(self._k, dim=-1)  # [B, E, k]
             top_lp, top_ids = top_lp.tolist(), self._to_target_ids(top_ids).tolist()
             row = {n: i for i, n in enumerate(expand)}
@@ -224,13 +240,15 @@ class Drafter:
                     node = g.add(ids[row[par]][rank], par, g.scores[par] + lp[row[par]][rank])
                     assert node == child, "static tree levels must be contiguous and ordered"
 
-    def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int) -> list[torch.Tensor]:
+    def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
+                      noise: list[DraftNoise | None] | None) -> list[torch.Tensor]:
         spec: DynamicTreeSpec = self.tree
         frontiers = [[0] for _ in growths]
         for d in range(spec.depth):
             if d > 0:
                 self._expand(state, growths, frontiers, base)
             logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in f]) for g, f in zip(growths, frontiers)]))
+            logp = self._ranked(logp, noise, d)
             top_lp, top_ids = logp.topk(spec.top_k, dim=-1)  # [B, F, k]
             all_ids = self._to_target_ids(top_ids).flatten(1).tolist()
             for r, (g, frontier) in enumerate(zip(growths, frontiers)):

@@ -14,21 +14,25 @@ Losslessness per sequence: a row's queries see exactly its own past and tree, at
 positions, so its logits are those of the sequence decoded alone up to floating-point rounding
 (the batch changes the shapes of the matrix products and the length of the masked key axis);
 greedy outputs are therefore identical except at a near-tie of the top-2 logits, which the tests
-and `eaglespec certify` measure.
+and `eaglespec certify` measure. Reproducible sampling (SamplingParams.mode) makes a sampled
+sequence the same: its token at position t is the argmax of its perturbed target there, with noise
+keyed on (its seed, t) alone (core/noise.py), so only the same kind of near-tie can change it.
 """
 
 from __future__ import annotations
 
 import copy
+import secrets
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from ..core.config import SamplingParams
-from ..core.sampling import logits_to_probs, sample
+from ..core.config import REPRODUCIBLE, SamplingParams
+from ..core.noise import DraftNoise, key64, perturbed_argmax
+from ..core.sampling import logits_to_probs, processed_scores, sample
 from ..core.tree import buffers_from_parents
-from ..core.verify import Acceptance, verify_greedy, verify_sampling
+from ..core.verify import Acceptance, verify_chosen, verify_greedy, verify_sampling
 from ..draft.drafter import Drafter, DraftTree
 from ..errors import EagleError
 from .target import TargetModel
@@ -59,7 +63,8 @@ class Sequence:
     prompt_tokens: int
     budget: int                    # tokens it may still produce in all (max_new_tokens cut to the context)
     sampling: SamplingParams
-    generator: torch.Generator
+    seed: int                      # the seed it samples with: sampling.seed, or a fresh 64-bit one
+    generator: torch.Generator     # speculative sampling's draws, seeded with `seed`
     stops: set[int]
     root: int                      # the last token chosen by the target, not yet run by it
     pending_tokens: torch.Tensor   # [P] x[t+1] of the real pairs the head has not seen
@@ -71,6 +76,15 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def reproducible(self) -> bool:
+        return self.sampling.mode == REPRODUCIBLE and not self.sampling.greedy
+
+    @property
+    def position(self) -> int:
+        """The sequence position of the next token: the root's children's."""
+        return self.prompt_tokens + self.produced
 
 
 class Batch:
@@ -118,11 +132,10 @@ class Batch:
         n = len(input_ids)
         if n >= target.max_context:
             raise EagleError(f"the prompt has {n} tokens, the model's context is {target.max_context}: shorten the prompt")
+        # without a seed, a fresh one per sequence: no two requests share a stream
+        seed = key64(sampling.seed) if sampling.seed is not None else secrets.randbits(64)
         generator = torch.Generator(device=target.device)
-        if sampling.seed is not None:
-            generator.manual_seed(sampling.seed)
-        else:
-            generator.seed()
+        generator.manual_seed(sampling.seed if sampling.seed is not None else seed)  # torch's own reading of a negative seed
         ids = torch.tensor(input_ids, device=target.device)
         key = tuple(input_ids)
         kept = self._kept is not None and self._kept[0] == key
@@ -135,8 +148,8 @@ class Batch:
             self._kept = None
         elif not kept:
             self._kept = (key, copy.deepcopy(cache), states)
-        root = _choose(target.logits(states.features[0, -1:]), sampling, generator)
-        seq = Sequence(n, min(max_new_tokens, target.max_context - n), sampling, generator, set(stops), root,
+        root = _choose(target.logits(states.features[0, -1:]), sampling, seed, generator, n)
+        seq = Sequence(n, min(max_new_tokens, target.max_context - n), sampling, seed, generator, set(stops), root,
                        torch.cat([ids[1:], torch.tensor([root], device=target.device)]), states.hidden[0],
                        speculative=speculative)
         seq.finish_reason = "stop" if root in seq.stops else "length" if seq.produced >= seq.budget else None
@@ -197,7 +210,7 @@ class Batch:
         states, all_logits = target.verify_rows(tokens, rows, tree_mask, depth, sizes, self.layers)
         outputs, paths = [], []
         for r, (seq, tree, logits) in enumerate(zip(seqs, trees, all_logits)):
-            acc = _verify(tree, logits, seq.sampling, seq.generator)
+            acc = _verify(tree, logits, seq)
             if observe is not None:
                 observe(tree, logits, acc)
             path = acc.path.to(target.device)
@@ -232,8 +245,12 @@ class Batch:
         seqs = self.sequences
         if drafter is None:
             return [self._root_only(s) for s in seqs]
+        noise = {}
+        if any(s.reproducible for s in seqs):  # the drafter proposes with the target's noise
+            noise["noise"] = [DraftNoise(s.seed, s.position, s.sampling.temperature) if s.reproducible else None
+                              for s in seqs]
         trees = drafter.draft_rows(self._draft, [s.pending_tokens for s in seqs],
-                                   [s.pending_hidden for s in seqs], [s.root for s in seqs])
+                                   [s.pending_hidden for s in seqs], [s.root for s in seqs], **noise)
         room = self.target.max_context - drafter.max_nodes
         lens = self._rows.lens.tolist()
         return [tree if s.speculative and lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s)
@@ -243,21 +260,32 @@ class Batch:
         return DraftTree(torch.tensor([seq.root], device=self.target.device), _ROOT_ONLY)
 
 
-def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
-    """The token after the prompt, from the target alone. logits: [1, V]."""
+def _choose(logits: torch.Tensor, sampling: SamplingParams, seed: int, generator: torch.Generator, position: int) -> int:
+    """The token after the prompt (at `position`), from the target alone. logits: [1, V]."""
     if sampling.greedy:
         return int(logits[0].argmax())
+    if sampling.mode == REPRODUCIBLE:
+        return perturbed_argmax(processed_scores(logits[0], sampling.temperature, sampling.top_k, sampling.top_p),
+                                seed, position)
     probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     return int(sample(probs, generator)[0])
 
 
-def _verify(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> Acceptance:
+def _verify(tree: DraftTree, logits: torch.Tensor, seq: Sequence) -> Acceptance:
     """logits: [N, V] the target's at each node of the tree."""
-    b = tree.buffers
+    b, sampling = tree.buffers, seq.sampling
     if sampling.greedy:
         return verify_greedy(tree.tokens, logits, b.retrieve_indices.to(logits.device))
+    if seq.reproducible:
+        depth = b.tree_position_ids.tolist()
+
+        def token_at(node: int) -> int:  # node at depth d chooses the token at position + d
+            scores = processed_scores(logits[node], sampling.temperature, sampling.top_k, sampling.top_p)
+            return perturbed_argmax(scores, seq.seed, seq.position + depth[node])
+
+        return verify_chosen(tree.tokens, token_at, b.parents)
 
     def probs_at(node: int) -> torch.Tensor:
         return logits_to_probs(logits[node], sampling.temperature, sampling.top_k, sampling.top_p)
 
-    return verify_sampling(tree.tokens, probs_at, b.parents, generator)
+    return verify_sampling(tree.tokens, probs_at, b.parents, seq.generator)

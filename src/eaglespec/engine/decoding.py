@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..core.config import DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.config import REPRODUCIBLE, SPECULATIVE, DynamicTreeSpec, SamplingParams, parse_tree
 from ..core.verify import Acceptance
 from ..draft.drafter import Drafter, DraftTree
 from ..draft.head import EagleHead
@@ -29,6 +29,10 @@ from ..errors import EagleError
 from .batch import Batch, StepOutput, StepStats
 from .target import TargetModel, check_device, default_dtype, load_target
 from .tuning import AdaptiveTree
+
+INEXACT_TREES = ("its trees may verify tokens whose logits differ from one-token decoding by more than fp32 "
+                 "summation order, so a sampled id could change with the tree or the batch")
+
 
 @dataclass
 class GenerationResult:
@@ -89,6 +93,7 @@ class EagleGenerator:
         self.numerics_note = ""  # what dtype 'auto' chose and why
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
+        self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
@@ -182,6 +187,7 @@ class EagleGenerator:
         gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
                   head_dir=head_dir)
         gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
+        gen.inexact_trees = allow_inexact
         if tree == "auto":
             limit = None if allow_inexact or numerics is None else numerics.largest_exact()
             use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
@@ -237,6 +243,11 @@ class EagleGenerator:
             ids.add(tok.eos_token_id)
         return ids
 
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Refuse, naming the field, a sampling mode whose guarantee this generator cannot keep."""
+        if sampling.mode == REPRODUCIBLE and self.inexact_trees:
+            raise EagleError(f"sampling_mode 'reproducible' cannot hold on this generator (allow_inexact): {INEXACT_TREES}")
+
     # -- the loop -----------------------------------------------------------------------------
     def _drafter(self, tree) -> Drafter | None:
         if tree is None:
@@ -280,6 +291,7 @@ class EagleGenerator:
         observe(tree, target_logits [N, V], acceptance) sees every verification (tree tuning)."""
         if isinstance(input_ids, torch.Tensor):  # HF users pass [1, T] tensors
             input_ids = input_ids.flatten().tolist()
+        self.check_sampling(sampling)
         batch = self.new_batch(tree, speculative)
         stops = self.eos_token_ids() if stop_token_ids is None else stop_token_ids
         seq, first = batch.add(input_ids, max_new_tokens, sampling, stops)
@@ -291,9 +303,10 @@ class EagleGenerator:
     def generate_batch(self, prompts: list[str] | None = None, *, input_ids: list[list[int]] | None = None,
                        max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                        seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                       stop_token_ids: set[int] | None = None) -> list[GenerationResult]:
+                       stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> list[GenerationResult]:
         """Blocking generation of several prompts decoded together (one draft pass and one target
-        forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given.
+        forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given
+        (in sampling_mode 'reproducible': exactly what `generate(..., seed=seed + i)` gives).
         Each result's `elapsed` is the batch's wall time up to that sequence's last token."""
         if input_ids is None:
             if prompts is None:
@@ -305,7 +318,8 @@ class EagleGenerator:
         start = time.perf_counter()
         owner = {}
         for i, ids in enumerate(input_ids):
-            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i)
+            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i, sampling_mode)
+            self.check_sampling(sampling)
             again = i + 1 < len(input_ids) and list(input_ids[i + 1]) == list(ids)  # copies share one prefill
             seq, first = batch.add(list(ids), max_new_tokens, sampling, stops, keep_prefill=again)
             results[i].add(first)
@@ -323,9 +337,11 @@ class EagleGenerator:
     def generate(self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                 stop_token_ids: set[int] | None = None) -> GenerationResult:
-        """Blocking generation: collects `stream`."""
-        sampling = SamplingParams(temperature, top_p, top_k, seed)
+                 stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> GenerationResult:
+        """Blocking generation: collects `stream`. sampling_mode: 'speculative' (multi-round speculative
+        sampling: the target's distribution) or 'reproducible' (with a seed, the same ids as seeded
+        vanilla sampling, alone or in any batch, with any tree); see SamplingParams."""
+        sampling = SamplingParams(temperature, top_p, top_k, seed, sampling_mode)
         if input_ids is None:
             input_ids = self.encode(prompt, messages, chat_template)
         result = GenerationResult(prompt_tokens=len(input_ids))

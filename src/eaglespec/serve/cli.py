@@ -53,7 +53,7 @@ def config_from_args(args) -> "ServeConfig":
     from ..core.config import SamplingParams
     from .config import ServeConfig
 
-    SamplingParams(args.temperature, args.top_p, args.top_k)  # validate before loading
+    SamplingParams(args.temperature, args.top_p, args.top_k, mode=args.sampling_mode)  # validate before loading
     return ServeConfig(
         host=args.host, port=args.port, model_name=args.model_name,
         api_key=_api_key(args.api_key),
@@ -63,7 +63,7 @@ def config_from_args(args) -> "ServeConfig":
         max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout, shutdown_timeout=args.shutdown_timeout,
         header_timeout=args.header_timeout, max_connections=args.max_connections,
         allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, sampling_mode=args.sampling_mode,
     )
 
 

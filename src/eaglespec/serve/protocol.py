@@ -64,6 +64,7 @@ class _Request(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     top_k: StrictInt | None = Field(default=None, ge=0)  # not OpenAI's; vLLM and others accept it
     seed: StrictInt | None = None
+    sampling_mode: Literal["speculative", "reproducible"] | None = None  # not OpenAI's; null = the server's --sampling-mode
     stop: Text | list[Text] | None = None
     stream: StrictBool | None = None  # null = false, as OpenAI
     stream_options: StreamOptions | None = None

@@ -1,7 +1,7 @@
 """`eaglespec certify`: a lossless certificate for a target and its EAGLE head, on this machine, in
 this dtype, with this tree. The way to check a new model or head before serving it.
 
-Three checks, one page (printed, and saved as certificate.json and certificate.md):
+Four checks, one page (printed, and saved as certificate.json and certificate.md):
   1. greedy identity   EAGLE against vanilla decoding on N prompts (a built-in mix of tasks or the
                        user's JSONL). Each first divergence is measured with a plain forward of the
                        target on prompt + common prefix (`device_check.find_divergence`) and called
@@ -14,9 +14,13 @@ Three checks, one page (printed, and saved as certificate.json and certificate.m
   3. batch invariance  `numerics.measure_invariance` for every tree size 1..N the generator may
                        verify: how far a token's logits inside a q-token forward are from the same
                        token run alone. A size that is not bitwise equal is where near-ties come from.
+  4. reproducible      sampled identity in the reproducible sampling mode: per sampling prompt and
+     sampling          setting, one seed, EAGLE alone and EAGLE in a batch of every sampling prompt
+                       against seeded vanilla sampling, token for token; a divergence is judged as in
+                       check 1, on the perturbed target (logits + temperature x keyed Gumbel noise).
 
-Verdict: FAIL (exit 1) on a real greedy defect, or on a sampling test with p < ALPHA / m (m tests
-run, Bonferroni). Near-ties are listed but pass: which of two tokens within rounding of each other
+Verdict: FAIL (exit 1) on a real greedy or reproducible-sampling defect, or on a sampling test with
+p < ALPHA / m (m tests run, Bonferroni). Near-ties are listed but pass: which of two tokens within rounding of each other
 comes out depends on how a kernel blocks its sums, so vanilla decoding with another batch shape
 could pick either one ("lossless up to floating-point rounding", the standard GPU engines keep).
 The batch-invariance table informs; it does not fail the certificate.
@@ -269,6 +273,56 @@ def check_sampling(gen, prompts: list[list[int]], settings: CertifySettings) -> 
             "failed": sum(not t["ok"] for t in tests), "ok": all(t["ok"] for t in tests)}
 
 
+# -- 4. reproducible sampling -----------------------------------------------------------------
+def perturbed_scores(sampling) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """(logits [V], position) -> the perturbed target whose argmax reproducible sampling emits there,
+    times the temperature (logit units, so that the near-tie threshold applies unchanged)."""
+    from ..core.noise import gumbel, key64
+    from ..core.sampling import processed_scores
+
+    def scores(logits: torch.Tensor, position: int) -> torch.Tensor:
+        s = processed_scores(logits, sampling.temperature, sampling.top_k, sampling.top_p).double()
+        noise = gumbel(key64(sampling.seed), torch.tensor([position]), torch.arange(s.numel(), device=s.device))[0]
+        return ((s + noise) * sampling.temperature).float()
+
+    return scores
+
+
+def check_reproducible(gen, prompts: list[list[int]], settings: CertifySettings,
+                       threshold: Callable[[float], float]) -> dict:
+    """For each SAMPLING_SETTINGS entry: prompt k with seed settings.seed + k, decoded by seeded
+    vanilla sampling alone, by EAGLE alone and by EAGLE in one batch of every prompt (row k has seed
+    + k): the three must agree token for token, up to a near-tie of the perturbed target."""
+    from ..core.config import REPRODUCIBLE, SamplingParams
+    from .device_check import find_divergence
+
+    if gen.inexact_trees:
+        return {"skipped": "allow_inexact: the mode cannot hold there (refused)", "rows": [], "divergences": [],
+                "identical": 0, "near_ties": 0, "defects": 0, "ok": True}
+    rows, divergences = [], []
+    n = settings.max_new_tokens
+    for temperature, top_p in SAMPLING_SETTINGS:
+        kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=n, stop_token_ids=set(), sampling_mode=REPRODUCIBLE)
+        together = gen.generate_batch(input_ids=prompts, seed=settings.seed, **kw)
+        for k, ids in enumerate(prompts):
+            seed = settings.seed + k
+            vanilla = gen.generate(input_ids=ids, seed=seed, speculative=False, **kw)
+            alone = gen.generate(input_ids=ids, seed=seed, **kw)
+            scores = perturbed_scores(SamplingParams(temperature, top_p, 0, seed, REPRODUCIBLE))
+            for how, eagle in (("alone", alone), (f"in a batch of {len(prompts)}", together[k])):
+                d = find_divergence(gen.target, ids, vanilla.token_ids, eagle.token_ids, threshold, k, scores)
+                rows.append({"prompt": k, "temperature": temperature, "top_p": top_p, "seed": seed, "eagle": how,
+                             "new_tokens": len(vanilla.token_ids), "identical": d is None, "tau": round(eagle.tau, 3)})
+                if d is not None:
+                    divergences.append(asdict(d) | {"temperature": temperature, "top_p": top_p, "eagle": how})
+                verdict = "identical" if d is None else f"{'near-tie' if d.near_tie else 'REAL DEFECT'} at token {d.position}"
+                say(f"reproducible prompt {k + 1}/{len(prompts)}, temperature {temperature:g}, top-p {top_p:g}, "
+                    f"EAGLE {how}: tau {eagle.tau:.2f}, {verdict}")
+    defects = sum(not d["near_tie"] for d in divergences)
+    return {"rows": rows, "divergences": divergences, "identical": len(rows) - len(divergences),
+            "near_ties": len(divergences) - defects, "defects": defects, "ok": defects == 0}
+
+
 # -- 3. batch invariance ----------------------------------------------------------------------
 def tree_nodes(gen) -> int:
     """The most tokens one verification of this generator holds (root included)."""
@@ -300,6 +354,7 @@ class Certificate:
     sampling: dict
     invariance: dict
     seconds: dict = field(default_factory=dict)  # per check
+    reproducible: dict = field(default_factory=dict)  # check 4
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str) + "\n"
@@ -329,12 +384,18 @@ def certify(gen, prompts: list[list[int]], settings: CertifySettings = CertifySe
     start = time.perf_counter()
     sampling = check_sampling(gen, spread(prompts, settings.sample_prompts), settings)
     seconds["sampling"] = time.perf_counter() - start
-    ok = greedy["ok"] and sampling["ok"]
+    start = time.perf_counter()
+    reproducible = check_reproducible(gen, spread(prompts, settings.sample_prompts), settings, threshold)
+    seconds["reproducible"] = time.perf_counter() - start
+    ok = greedy["ok"] and sampling["ok"] and reproducible["ok"]
     problems = ([f"{greedy['defects']} real greedy defect(s)"] if greedy["defects"] else []) + (
-        [f"{sampling['failed']} sampling test(s) failed"] if sampling["failed"] else [])
-    verdict = ("lossless on every check" + (f" ({greedy['near_ties']} floating-point near-tie(s), not defects)"
-                                            if greedy["near_ties"] else "")) if ok else "; ".join(problems)
-    return Certificate(ok, verdict, describe(gen), asdict(settings), rule, greedy, sampling, invariance, seconds)
+        [f"{sampling['failed']} sampling test(s) failed"] if sampling["failed"] else []) + (
+        [f"{reproducible['defects']} real reproducible-sampling defect(s)"] if reproducible["defects"] else [])
+    ties = greedy["near_ties"] + reproducible["near_ties"]
+    verdict = ("lossless on every check" + (f" ({ties} floating-point near-tie(s), not defects)"
+                                            if ties else "")) if ok else "; ".join(problems)
+    return Certificate(ok, verdict, describe(gen), asdict(settings), rule, greedy, sampling, invariance, seconds,
+                       reproducible)
 
 
 def describe(gen) -> dict:
@@ -360,7 +421,7 @@ def describe(gen) -> dict:
 # -- the report -------------------------------------------------------------------------------
 def markdown(cert: Certificate) -> str:
     """The one-page report (printed as is, and saved as certificate.md)."""
-    m, g, s, inv = cert.meta, cert.greedy, cert.sampling, cert.invariance
+    m, g, s, inv, rep = cert.meta, cert.greedy, cert.sampling, cert.invariance, cert.reproducible
     bitwise = inv["bitwise_sizes"]
     lines = [f"# eaglespec certify: {'PASS' if cert.ok else 'FAIL'}", "",
              f"target {m['target']} ({m['dtype']}{_quantized(m['quantization'])}, {m['device']}, "
@@ -380,7 +441,11 @@ def markdown(cert: Certificate) -> str:
                   f"{inv['dtype']}: bitwise at sizes {_ranges(bitwise) or 'none'} of "
                   f"{_ranges([r['size'] for r in inv['rows']])}; max diff {inv['max_diff']:.3g}; argmax "
                   f"{'agrees at every size' if inv['argmax_agrees'] else 'DIFFERS at some size'}",
-                  _secs(cert, "invariance"))]),
+                  _secs(cert, "invariance")),
+                 *([("4. reproducible sampling", _pass(rep["ok"]),
+                     rep.get("skipped") or f"{rep['identical']}/{len(rep['rows'])} identical to seeded vanilla, "
+                     f"{rep['near_ties']} near-tie(s), {rep['defects']} real defect(s)", _secs(cert, "reproducible"))]
+                   if rep else [])]),
              "", f"**Verdict: {'PASS' if cert.ok else 'FAIL'}**: {cert.verdict}.", "",
              "## 1. Greedy identity", "",
              f"EAGLE against vanilla greedy decoding, token for token. A divergence is a floating-point near-tie when "
@@ -402,6 +467,18 @@ def markdown(cert: Certificate) -> str:
                   (t["prompt"], f"{t['temperature']:g}", f"{t['top_p']:g}", t["outcomes"], t["cells"], f"{t['chi2']:.1f}",
                    t["df"], f"{t['p_value']:.3g}", f"{t['tv']:.3f}", f"{t['mean_tree_size']:.1f}", _pass(t["ok"]))
                   for t in s["tests"]])]
+    if rep and rep["rows"]:
+        lines += ["", "## 4. Reproducible sampling", "",
+                  "`--sampling-mode reproducible`: seeded vanilla sampling against EAGLE alone and EAGLE in one batch of "
+                  "every sampling prompt (prompt k with seed + k), token for token. A divergence is judged as in check 1, "
+                  "on the perturbed target (logits + temperature x the keyed Gumbel noise).", "",
+                  *_table(("prompt", "temperature", "top-p", "seed", "EAGLE", "tokens", "tau", "verdict"), [
+                      (r["prompt"], f"{r['temperature']:g}", f"{r['top_p']:g}", r["seed"], r["eagle"], r["new_tokens"],
+                       r["tau"], "identical" if r["identical"] else next(
+                           ("near-tie" if d["near_tie"] else "REAL DEFECT") for d in rep["divergences"]
+                           if (d["prompt"], d["temperature"], d["top_p"], d["eagle"]) ==
+                           (r["prompt"], r["temperature"], r["top_p"], r["eagle"])))
+                      for r in rep["rows"]])]
     lines += ["", "## 3. Batch invariance", "",
               f"Per-row logits of a q-token forward against the same tokens one at a time (numerics.measure_invariance, "
               f"{inv['dtype']}), for the tree sizes this generator may verify. Where a size is not bitwise equal, greedy "

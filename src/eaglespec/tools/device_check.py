@@ -227,9 +227,12 @@ def load_prompts(n: int) -> tuple[list[str], str]:
 # -- stage: lossless --------------------------------------------------------------------------
 @torch.no_grad()
 def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[int],
-                    threshold: float | Callable[[float], float], prompt_index: int = 0) -> Divergence | None:
+                    threshold: float | Callable[[float], float], prompt_index: int = 0,
+                    scores: Callable[[torch.Tensor, int], torch.Tensor] | None = None) -> Divergence | None:
     """The first difference between two greedy outputs, measured on the target; None when equal.
-    threshold: a logit distance, or a function of the top logit there that gives one."""
+    threshold: a logit distance, or a function of the top logit there that gives one. scores(logits
+    [V], sequence position) -> [V] in logit units: what the emitted token is the argmax of, when
+    not the logits themselves (reproducible sampling: the perturbed target)."""
     from ..bench.harness import first_difference
 
     i = first_difference(vanilla, eagle)
@@ -239,6 +242,8 @@ def find_divergence(target, prompt: list[int], vanilla: list[int], eagle: list[i
     e = eagle[i] if i < len(eagle) else None
     ids = torch.tensor([prompt + vanilla[:i]], device=target.device)
     logits = target.logits(target.features(ids)[:, -1])[0]  # [V] float32
+    if scores is not None:
+        logits = scores(logits, len(prompt) + i)
     top = logits.topk(2).values
     top2_gap = float(top[0] - top[1])
     token_gap = abs(float(logits[v] - logits[e])) if v is not None and e is not None else None
