@@ -158,6 +158,7 @@ BAD = [  # (name, method, path, body (dict / raw str), status, param)
     ("empty prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("an empty prompt in a list", "POST", "/v1/completions", {"prompt": ["a", ""]}, 400, "prompt"),
     ("more prompts than the queue", "POST", "/v1/completions", {"prompt": ["a"] * 65}, 400, "prompt"),
+    ("more prompts than one batch holds", "POST", "/v1/completions", {"prompt": ["a"] * 17}, 400, "prompt"),
     ("a list prompt too long", "POST", "/v1/completions", {"prompt": ["a", "y" * 600]}, 400, "prompt.1"),
     ("mixed prompt list", "POST", "/v1/completions", {"prompt": ["a", [5, 6]]}, 400, "prompt.0"),
     ("token id out of vocab", "POST", "/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),

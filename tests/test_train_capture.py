@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from conftest import tiny_target
@@ -183,7 +184,8 @@ def test_a_full_disk_stops_the_capture_resumably(target, tmp_path, monkeypatch):
         if len(calls) == 3:
             with open(path, "wb") as f:
                 f.write(b"half a shard")
-            raise OSError(errno.ENOSPC, "No space left on device")
+            # what safetensors raises (its Rust I/O error as text), checked under RLIMIT_FSIZE below
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
         real(tensors, path)
 
     monkeypatch.setattr(capture_module, "save_file", filling_disk)
@@ -197,6 +199,20 @@ def test_a_full_disk_stops_the_capture_resumably(target, tmp_path, monkeypatch):
     capture(target, CONFIG, tmp_path / "cut", examples=examples, progress=False)
     whole, cut = (without_timings(json.loads((tmp_path / d / MANIFEST).read_text())) for d in ("whole", "cut"))
     assert whole == cut
+
+
+def test_safetensors_reports_a_write_error_as_text_with_the_os_error_number(tmp_path):
+    """The fake writer above raises what the real one does: a file-size limit (os error 27, the
+    closest a test gets to a full disk without one) comes back as a SafetensorError naming it."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch\nfrom safetensors.torch import save_file\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"save_file({{'x': torch.zeros(10_000)}}, {str(tmp_path / 'x.safetensors')!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0 and "SafetensorError" in done.stderr and "(os error 27)" in done.stderr
 
 
 def test_other_write_errors_are_not_called_a_full_disk(target, tmp_path, monkeypatch):

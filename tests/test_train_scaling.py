@@ -32,6 +32,7 @@ class Fakes:
             (out / "checkpoint.pt").write_bytes(b"")
             return 0
         (out / "checkpoint.pt").unlink(missing_ok=True)
+        (out / scaling.WEIGHTS).write_bytes(b"weights")
         (out / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "acc_depth1": k / 10_000}) + "\n")
         return 0
 
@@ -79,3 +80,13 @@ def test_a_point_whose_eagle_output_differs_is_an_error(tmp_path):
     with pytest.raises(EagleError, match="differs from vanilla"):
         scaling.run(capture, tmp_path / "runs", tmp_path / "s.json", 2, [4], None, 0.01,
                     train_main=fakes.train, acceptance_main=fakes.acceptance)
+
+
+def test_a_head_trained_but_not_recorded_is_not_trained_again(tmp_path):
+    capture, out = tmp_path / "capture", tmp_path / "runs"
+    write_manifest(capture, 10)
+    fakes = Fakes()
+    fakes.train(["train", "--out", str(out / "eagle1-4"), "--train-examples", "4"])  # then the process died
+    got = scaling.run(capture, out, tmp_path / "s.json", 2, [4], None, 0.01, train_main=fakes.train,
+                      acceptance_main=fakes.acceptance)
+    assert len(fakes.trained) == 1 and got["points"]["eagle1-4"]["held_out"] == {"kind": "eval", "acc_depth1": 0.0004}

@@ -60,7 +60,9 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 def gumbel(seed: int, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """g(seed, t, v) for every t in positions [P] and v in ids [M] -> [P, M] float64, on ids' device.
     positions, ids: long (absolute sequence positions; target token ids)."""
-    device = ids.device
+    out = ids.device
+    device = torch.device("cpu") if out.type == "mps" else out  # MPS has no float64 (or int64 shifts we trust)
+    ids = ids.to(device)
     key = torch.tensor(_signed(key64(seed)), dtype=torch.long, device=device)
     t = positions.to(device=device, dtype=torch.long)[:, None]  # [P, 1]
     v = ids.to(torch.long)[None, :]                             # [1, M]
@@ -68,7 +70,8 @@ def gumbel(seed: int, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
     h = _mix(h ^ (t * _signed(POSITION_SALT)))                  # [P, 1]
     h = _mix(h ^ (v * _signed(TOKEN_SALT)))                     # [P, M]
     u = (_srl(h, 11).double() + 0.5) * 2.0**-53                 # (0, 1), exact in float64
-    return -torch.log(-torch.log(u))
+    g = -torch.log(-torch.log(u))
+    return g if device == out else g.to(torch.float32).to(out)
 
 
 def reference_gumbel(seed: int, position: int, token: int) -> float:
@@ -89,6 +92,10 @@ def perturbed_argmax(scores: torch.Tensor, seed: int, position: int) -> int:
     scores: [V] processed log-probabilities up to a constant (sampling.processed_scores: -inf
     outside top-k / top-p). Noise is computed only for the tokens the filters keep."""
     kept = torch.isfinite(scores).nonzero().flatten()  # [M]
+    if kept.numel() == 0:
+        raise ValueError("perturbed_argmax: no finite score (the target's logits are NaN or all -inf)")
+    if scores.device.type == "mps":
+        scores, kept = scores.cpu(), kept.cpu()
     noise = gumbel(seed, torch.tensor([position]), kept)[0]  # [M]
     return int(kept[(scores[kept].double() + noise).argmax()])
 
@@ -109,5 +116,6 @@ def perturbed_logprobs(logq: torch.Tensor, noise: DraftNoise, depth: int, ids: t
     position + depth, ids)): a distribution whose argmax is q's perturbed choice, so that EAGLE-2's
     cumulative scores stay log-probabilities (a child never above its parent)."""
     g = gumbel(noise.seed, torch.tensor([noise.position + depth]), ids)[0]  # [M]
-    scores = logq.double() / noise.temperature + g
+    wide = torch.float32 if logq.device.type == "mps" else torch.float64
+    scores = logq.to(wide) / noise.temperature + g.to(wide)
     return scores.log_softmax(dim=-1).to(torch.promote_types(logq.dtype, torch.float32))

@@ -245,7 +245,7 @@ class EagleGenerator:
 
     def check_sampling(self, sampling: SamplingParams) -> None:
         """Refuse, naming the field, a sampling mode whose guarantee this generator cannot keep."""
-        if sampling.mode == REPRODUCIBLE and self.inexact_trees:
+        if sampling.mode == REPRODUCIBLE and self.inexact_trees and sampling.temperature > 0:  # greedy: unaffected
             raise EagleError(f"sampling_mode 'reproducible' cannot hold on this generator (allow_inexact): {INEXACT_TREES}")
 
     # -- the loop -----------------------------------------------------------------------------
@@ -318,7 +318,7 @@ class EagleGenerator:
         start = time.perf_counter()
         owner = {}
         for i, ids in enumerate(input_ids):
-            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else seed + i, sampling_mode)
+            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else _nth_seed(seed, i), sampling_mode)
             self.check_sampling(sampling)
             again = i + 1 < len(input_ids) and list(input_ids[i + 1]) == list(ids)  # copies share one prefill
             seq, first = batch.add(list(ids), max_new_tokens, sampling, stops, keep_prefill=again)
@@ -352,3 +352,7 @@ class EagleGenerator:
         result.text = self.decode(result.token_ids)
         return result
 
+
+def _nth_seed(seed: int, i: int) -> int:
+    """Sequence i's seed in a batch: seed + i, wrapped into 64 bits past 2**64 - 1."""
+    return seed + i if seed + i < 2**64 else (seed + i) % 2**64

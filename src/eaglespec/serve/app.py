@@ -136,9 +136,11 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request):
         _check_model(req.model, model_name)
         prompts = req.prompts()
-        if len(prompts) > config.max_queue:
-            raise APIError(400, f"prompt: {len(prompts)} prompts; this server takes at most {config.max_queue} in one "
-                                "request (--max-queue)", "prompt")
+        limit = min(config.max_queue, config.max_batch)  # all of a list decode together, in one batch
+        if len(prompts) > limit:
+            raise APIError(400, f"prompt: {len(prompts)} prompts; this server decodes at most {limit} in one request "
+                                f"(--max-batch {config.max_batch}, --max-queue {config.max_queue}): split the list",
+                           "prompt")
         params = [f"prompt.{i}" if len(prompts) > 1 else "prompt" for i in range(len(prompts))]
         for prompt, param in zip(prompts, params):
             if isinstance(prompt, str):

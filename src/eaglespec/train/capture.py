@@ -17,13 +17,14 @@ import errno
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
@@ -94,7 +95,13 @@ def _write_shard(directory: Path, index: int, examples: list[Sample]) -> dict:
     if examples[0].hidden is not None:
         tensors["hidden"] = torch.cat([s.hidden for s in examples]).contiguous()
     with atomic_path(directory / shard_name(index)) as tmp:
-        save_file(tensors, tmp)
+        try:
+            save_file(tensors, tmp)
+        except SafetensorError as exc:  # its I/O errors arrive as text: "... (os error 28)"
+            code = re.search(r"\(os error (\d+)\)", str(exc))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1]))) from exc
     return {"file": shard_name(index), "examples": len(examples), "tokens": int(offsets[-1])}
 
 

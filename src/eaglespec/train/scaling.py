@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..draft.contract import WEIGHTS
 from ..errors import EagleError
 from ..files import atomic_write_bytes
 from ..pause import wait_if_paused
@@ -91,7 +92,8 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
         name = f"eagle1-{k}"
         point = results["points"].setdefault(name, {"train_examples": k})
         head = out / name
-        if "held_out" not in point:
+        finished = (head / WEIGHTS).is_file() and not (head / "checkpoint.pt").exists()  # trained, not yet saved here
+        if "held_out" not in point and not finished:
             wait_if_paused(head, print)
             argv = ["train", "--capture-dir", str(capture), "--partial", "--out", str(head),
                     "--eval-first", str(eval_first), "--train-examples", str(k), *RECIPE]
@@ -107,6 +109,7 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
             if (head / "checkpoint.pt").exists():  # stopped by --time-limit: continue in the next run
                 print(f"[scaling] {name} stopped at its time limit; rerun to continue", flush=True)
                 return results
+        if "held_out" not in point:
             point["held_out"] = _held_out(head)
             _save(results_path, results)
         for set_name, dataset, limit in SETS:
