@@ -74,7 +74,8 @@ def test_wait_if_paused_sleeps_until_the_pause_file_goes(tmp_path):
 
 
 @pytest.mark.parametrize("argv, holds", [
-    (["generate", "--prompt", "hi"], True), (["bench"], True), (["tune", "--head", "h"], True),
+    (["generate", "--prompt", "hi"], True), (["bench"], True), (["tune", "--head", "h"], True), (["bench-modes"], True),
+    (["bench-batch"], True),
     (["capture", "--data", "sharegpt", "--out", "x"], False), (["serve"], False)])
 def test_timing_commands_hold_the_machine(argv, holds):
     from eaglespec.cli.commands import build_parser

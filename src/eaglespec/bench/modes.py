@@ -148,7 +148,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-modes-<timestamp>); rerun into it to resume")
     add_model_args(p)
-    p.set_defaults(func=cmd_bench_modes)
+    p.set_defaults(func=cmd_bench_modes, holds_machine=True)
     return p
 
 
