@@ -26,8 +26,12 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/eaglespec generate --prompt "$(PROMPT)" --compare-vanilla
 
+# Two workers (pytest-xdist): the tiny-model tests run on one thread each, so a plain run leaves one
+# of CI's two cores idle most of the time; tests/conftest.py keeps each file in one worker and the
+# real-model tests together. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 clean:
 	rm -rf $(VENV)

@@ -14,6 +14,17 @@ from eaglespec.engine.target import TargetModel
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two pytest-xdist workers with --dist loadgroup: each test file stays in one
+    worker, in order (module fixtures and order-dependent checks as in a plain run), and the
+    real-model tests (marked slow) all run in one worker, one after another. They use both cores
+    each; the tiny-model tests use one thread, so two of them, or one beside a real-model test,
+    fill the two cores that a plain run leaves half idle."""
+    for item in items:
+        group = "real-model" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def tiny_config(arch: str, vocab_size: int = 128, hidden_size: int = 64):
     from transformers import AutoConfig
 
