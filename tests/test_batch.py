@@ -174,7 +174,8 @@ def test_copies_of_a_prompt_share_one_prefill_and_sample_as_if_prefilled_alone(m
     calls = []
     forward_states = target.forward_states
     monkeypatch.setattr(target, "forward_states", lambda ids, *a, **k: calls.append(ids.shape) or forward_states(ids, *a, **k))
-    shared = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set())
+    shared = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set(),
+                                 sampling_mode="speculative")
     prefills = [c for c in calls if c[1] > 1]
     assert [c[1] for c in prefills] == [len(PROMPTS[0]), len(PROMPTS[2]), len(PROMPTS[0])]
     monkeypatch.setattr(target, "forward_states", forward_states)
@@ -182,7 +183,8 @@ def test_copies_of_a_prompt_share_one_prefill_and_sample_as_if_prefilled_alone(m
 
     add = Batch.add
     monkeypatch.setattr(Batch, "add", lambda self, *a, keep_prefill=False, **k: add(self, *a, **k))  # no sharing
-    separate = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set())
+    separate = gen.generate_batch(input_ids=prompts, max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=set(),
+                                 sampling_mode="speculative")
     assert [r.token_ids for r in shared] == [r.token_ids for r in separate]
     assert len({tuple(r.token_ids) for r in shared[:3]}) > 1  # the copies did sample differently
 
@@ -199,7 +201,7 @@ def test_sampling_in_a_batch_keeps_the_target_distribution():
     counts = torch.zeros(target.vocab_size)
     for seed in range(600):  # the prompt in rows 0 and 2, another in row 1: 1,200 draws
         results = gen.generate_batch(input_ids=[prompt, PROMPTS[2], prompt], max_new_tokens=2, temperature=1.0,
-                                     seed=3 * seed, stop_token_ids=set())
+                                     seed=3 * seed, stop_token_ids=set(), sampling_mode="speculative")
         for r in (results[0], results[2]):
             counts[r.token_ids[1]] += 1
     ok, stat, critical = chi_square_fits(counts, second_token_marginal(target, prompt))

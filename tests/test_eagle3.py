@@ -232,7 +232,8 @@ def test_sampling_with_eagle3_keeps_the_target_distribution():
     gen = EagleGenerator(target, eagle3_head(target), "dynamic:3,2,4")
     counts = torch.zeros(target.vocab_size)
     for seed in range(1500):
-        out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.0, seed=seed, stop_token_ids=set())
+        out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.0, seed=seed, stop_token_ids=set(),
+                           sampling_mode="speculative")
         counts[out.token_ids[1]] += 1
     ok, stat, critical = chi_square_fits(counts, second_token_marginal(target, PROMPT))
     assert ok, f"chi2 {stat:.1f} > {critical:.1f}"

@@ -14,7 +14,7 @@ from test_decoding import random_head
 from test_eagle3 import eagle3_head
 from test_verify import TREES, chi_square_fits, describe, emission_checks, synthetic_case
 
-from eaglespec.core.config import REPRODUCIBLE, SamplingParams, parse_tree
+from eaglespec.core.config import REPRODUCIBLE, SPECULATIVE, SamplingParams, parse_tree
 from eaglespec.core.noise import DraftNoise, gumbel, key64, perturbed_argmax, perturbed_logprobs, reference_gumbel
 from eaglespec.core.sampling import processed_scores
 from eaglespec.core.tree import static_tree
@@ -134,7 +134,8 @@ def test_eagle_equals_vanilla_with_every_tree_on_every_family(arch):
                                  sampling_mode=REPRODUCIBLE, **kw)
             assert eagle.token_ids == want, (kw, tree)
         # and not the speculative mode's sample: the mode is really used
-        spec = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40, seed=11, stop_token_ids=set(), **kw)
+        spec = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40, seed=11, stop_token_ids=set(),
+                            sampling_mode=SPECULATIVE, **kw)
         assert spec.token_ids != want
 
 
@@ -159,7 +160,7 @@ def test_any_batch_composition_and_joining_mid_way():
     rows = [(PROMPTS[0], 21, dict(temperature=1.0)), (PROMPTS[1], 22, dict(temperature=0.7, top_p=0.9)),
             (PROMPTS[0], 23, dict(temperature=1.0)), (PROMPTS[2], 24, dict(temperature=1.3, top_k=8))]
     alone = [vanilla_ids(gen, p, 30, s, **kw) for p, s, kw in rows]
-    others = [(PROMPTS[3], SamplingParams()), (PROMPTS[3], SamplingParams(1.0, seed=5))]  # greedy, speculative
+    others = [(PROMPTS[3], SamplingParams()), (PROMPTS[3], SamplingParams(1.0, seed=5, mode=SPECULATIVE))]  # greedy, speculative
     for tree in ["eagle1", "dynamic:3,4,10", None]:
         batch = Batch(target, gen._drafter(parse_tree(tree)) if tree else None)  # None: a vanilla batch
         outs, order = {}, []
@@ -326,3 +327,27 @@ def test_eagle_equals_vanilla_on_smollm2():
                 scores = processed_scores(logits, sampling.temperature, 0, sampling.top_p).double()
                 top2 = (scores + gumbel(1234, torch.tensor([len(ids) + i]), torch.arange(scores.numel()))[0]).topk(2)
                 assert top2.values[0] - top2.values[1] < 2e-3, f"diverges at {i} without a tie ({tree})"
+
+
+def test_the_default_mode_is_reproducible_and_speculative_where_it_cannot_hold():
+    """The default (chosen from bench-modes, docs/benchmarks.md): an unnamed mode is reproducible,
+    in SamplingParams, the generator, the CLI and the server; under allow_inexact, speculative."""
+    import argparse
+
+    from eaglespec.cli.options import add_sampling_args, sampling_mode
+    from eaglespec.serve import ServeConfig
+
+    assert SamplingParams(1.0).mode == REPRODUCIBLE and ServeConfig().sampling_mode is None
+    target = tiny_target("llama", dtype=torch.float32, check=False)
+    gen = EagleGenerator(target, random_head(target), "chain:2")
+    assert gen.default_sampling_mode == REPRODUCIBLE
+    seeded = dict(input_ids=PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=11, stop_token_ids=set())
+    assert gen.generate(**seeded).token_ids == gen.generate(**seeded, sampling_mode=REPRODUCIBLE).token_ids
+    gen.inexact_trees = True
+    assert gen.default_sampling_mode == SPECULATIVE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--allow-inexact", action="store_true")
+    add_sampling_args(parser)
+    assert sampling_mode(parser.parse_args([])) == REPRODUCIBLE
+    assert sampling_mode(parser.parse_args(["--allow-inexact"])) == SPECULATIVE
+    assert sampling_mode(parser.parse_args(["--sampling-mode", "speculative"])) == SPECULATIVE

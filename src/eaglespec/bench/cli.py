@@ -136,9 +136,9 @@ def run_journaled(gen, questions: list[Question], methods: list[Method], out: Pa
 
 
 def cmd_bench(args) -> int:
-    from ..cli.options import load_generator
+    from ..cli.options import load_generator, sampling_mode
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.sampling_mode)  # validate before loading
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, sampling_mode(args))  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     chains = parse_depths(args.chain)

@@ -101,9 +101,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_chat(args) -> int:
-    from .options import load_generator
+    from .options import load_generator, sampling_mode
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.sampling_mode)  # validate before loading
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, sampling_mode(args))  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     gen = load_generator(args)

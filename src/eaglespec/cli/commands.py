@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..errors import EagleError
-from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_model_args, load_generator
+from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_model_args, load_generator, sampling_mode
 
 
 def cmd_generate(args) -> int:
@@ -17,7 +17,7 @@ def cmd_generate(args) -> int:
     from ..engine.decoding import GenerationResult
     from ..engine.text import TextStream
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, args.sampling_mode)  # validate before loading
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, sampling_mode(args))  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     check_model_args(args)

@@ -50,13 +50,23 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    from ..core.config import SAMPLING_MODES, SPECULATIVE
+    from ..core.config import SAMPLING_MODES
 
-    p.add_argument("--sampling-mode", default=SPECULATIVE, choices=SAMPLING_MODES,
-                   help="how sampled drafts are verified: speculative (default; multi-round speculative sampling: "
-                        "the target's distribution, a seeded sample may depend on the tree and the batch) or "
-                        "reproducible (noise keyed on seed and position: with --seed, the same ids as seeded vanilla "
-                        "sampling, alone or in any batch, with any tree); see docs/sampling.md")
+    p.add_argument("--sampling-mode", default=None, choices=SAMPLING_MODES,
+                   help="how sampled drafts are verified: reproducible (default; noise keyed on seed and position: "
+                        "with --seed, the same ids as seeded vanilla sampling, alone or in any batch, with any tree) "
+                        "or speculative (multi-round speculative sampling: the target's distribution, a seeded "
+                        "sample may depend on the tree and the batch; the default with --allow-inexact, where "
+                        "reproducible cannot hold); see docs/sampling.md")
+
+
+def sampling_mode(args) -> str:
+    """--sampling-mode, its default filled in: reproducible, or speculative with --allow-inexact."""
+    from ..core.config import DEFAULT_SAMPLING_MODE, SPECULATIVE
+
+    if args.sampling_mode is None:
+        args.sampling_mode = SPECULATIVE if getattr(args, "allow_inexact", False) else DEFAULT_SAMPLING_MODE
+    return args.sampling_mode
 
 
 def check_model_args(args) -> None:
@@ -69,6 +79,8 @@ def check_model_args(args) -> None:
     from ..engine.target import check_device
 
     check_device(args.device)
+    if hasattr(args, "sampling_mode"):
+        sampling_mode(args)
     if getattr(args, "sampling_mode", None) == REPRODUCIBLE and args.allow_inexact:
         raise EagleError(f"--sampling-mode reproducible cannot hold with --allow-inexact: {INEXACT_TREES}")
     if args.dtype != "auto":

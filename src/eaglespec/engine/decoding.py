@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..core.config import REPRODUCIBLE, SPECULATIVE, DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.config import DEFAULT_SAMPLING_MODE, REPRODUCIBLE, SPECULATIVE, DynamicTreeSpec, SamplingParams, parse_tree
 from ..core.verify import Acceptance
 from ..draft.drafter import Drafter, DraftTree
 from ..draft.head import EagleHead
@@ -243,10 +243,17 @@ class EagleGenerator:
             ids.add(tok.eos_token_id)
         return ids
 
+    @property
+    def default_sampling_mode(self) -> str:
+        """The sampling mode of a call that names none: reproducible, or speculative where
+        reproducible cannot hold (allow_inexact)."""
+        return SPECULATIVE if self.inexact_trees else DEFAULT_SAMPLING_MODE
+
     def check_sampling(self, sampling: SamplingParams) -> None:
         """Refuse, naming the field, a sampling mode whose guarantee this generator cannot keep."""
         if sampling.mode == REPRODUCIBLE and self.inexact_trees and sampling.temperature > 0:  # greedy: unaffected
-            raise EagleError(f"sampling_mode 'reproducible' cannot hold on this generator (allow_inexact): {INEXACT_TREES}")
+            raise EagleError(f"sampling_mode 'reproducible' cannot hold on this generator (allow_inexact): {INEXACT_TREES}; "
+                             "pass sampling_mode='speculative'")
 
     # -- the loop -----------------------------------------------------------------------------
     def _drafter(self, tree) -> Drafter | None:
@@ -303,7 +310,7 @@ class EagleGenerator:
     def generate_batch(self, prompts: list[str] | None = None, *, input_ids: list[list[int]] | None = None,
                        max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                        seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                       stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> list[GenerationResult]:
+                       stop_token_ids: set[int] | None = None, sampling_mode: str | None = None) -> list[GenerationResult]:
         """Blocking generation of several prompts decoded together (one draft pass and one target
         forward per step for all; see batch.py). Sequence i samples with seed + i when a seed is given
         (in sampling_mode 'reproducible': exactly what `generate(..., seed=seed + i)` gives).
@@ -318,7 +325,8 @@ class EagleGenerator:
         start = time.perf_counter()
         owner = {}
         for i, ids in enumerate(input_ids):
-            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else _nth_seed(seed, i), sampling_mode)
+            sampling = SamplingParams(temperature, top_p, top_k, None if seed is None else _nth_seed(seed, i),
+                                      sampling_mode or self.default_sampling_mode)
             self.check_sampling(sampling)
             again = i + 1 < len(input_ids) and list(input_ids[i + 1]) == list(ids)  # copies share one prefill
             seq, first = batch.add(list(ids), max_new_tokens, sampling, stops, keep_prefill=again)
@@ -337,11 +345,11 @@ class EagleGenerator:
     def generate(self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, tree="default", speculative: bool = True, chat_template: bool = True,
-                 stop_token_ids: set[int] | None = None, sampling_mode: str = SPECULATIVE) -> GenerationResult:
+                 stop_token_ids: set[int] | None = None, sampling_mode: str | None = None) -> GenerationResult:
         """Blocking generation: collects `stream`. sampling_mode: 'speculative' (multi-round speculative
         sampling: the target's distribution) or 'reproducible' (with a seed, the same ids as seeded
         vanilla sampling, alone or in any batch, with any tree); see SamplingParams."""
-        sampling = SamplingParams(temperature, top_p, top_k, seed, sampling_mode)
+        sampling = SamplingParams(temperature, top_p, top_k, seed, sampling_mode or self.default_sampling_mode)
         if input_ids is None:
             input_ids = self.encode(prompt, messages, chat_template)
         result = GenerationResult(prompt_tokens=len(input_ids))

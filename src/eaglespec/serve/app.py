@@ -198,7 +198,8 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             sampling = SamplingParams(
                 0.0 if temperature < MIN_TEMPERATURE else temperature,  # logits / 1e-39 overflow: serve it greedy
                 req.top_p if req.top_p is not None else config.top_p,
-                req.top_k if req.top_k is not None else config.top_k, req.seed, req.sampling_mode or config.sampling_mode)
+                req.top_k if req.top_k is not None else config.top_k, req.seed,
+                req.sampling_mode or config.sampling_mode or generator.default_sampling_mode)
             generator.check_sampling(sampling)
         except EagleError as exc:
             raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from exc

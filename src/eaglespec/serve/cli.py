@@ -50,10 +50,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> "ServeConfig":
+    from ..cli.options import sampling_mode
     from ..core.config import SamplingParams
     from .config import ServeConfig
 
-    SamplingParams(args.temperature, args.top_p, args.top_k, mode=args.sampling_mode)  # validate before loading
+    SamplingParams(args.temperature, args.top_p, args.top_k, mode=sampling_mode(args))  # validate before loading
     return ServeConfig(
         host=args.host, port=args.port, model_name=args.model_name,
         api_key=_api_key(args.api_key),

@@ -35,7 +35,8 @@ class ServeConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    sampling_mode: str = "speculative"  # SamplingParams.mode for a request that gives no sampling_mode
+    sampling_mode: str | None = None  # SamplingParams.mode for a request that gives none; None: the generator's
+                                      # default (reproducible; speculative under --allow-inexact)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

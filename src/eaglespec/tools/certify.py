@@ -225,12 +225,15 @@ def draw(gen, ids: list[int], settings: CertifySettings, temperature: float, top
 
     Each draw decodes one token more than it keeps: the loop verifies a row's root alone when a
     single token is left to produce, and with K + 1 every kept token comes from a drafted tree."""
+    from ..core.config import SPECULATIVE
+
     counts, sizes = Counter(), []
     for start in range(0, settings.samples, settings.batch_size):
         copies = min(settings.batch_size, settings.samples - start)
         results = gen.generate_batch(input_ids=[ids] * copies, max_new_tokens=settings.sample_tokens + 1,
                                      temperature=temperature, top_p=top_p, seed=seed + start, tree=tree,
-                                     speculative=speculative, stop_token_ids=set())
+                                     speculative=speculative, stop_token_ids=set(),
+                                     sampling_mode=SPECULATIVE)  # check 4 covers the reproducible mode
         for r in results:
             counts[tuple(r.token_ids[1:settings.sample_tokens])] += 1
             sizes.append(r.steps[0].tree_size if r.steps else 1)
