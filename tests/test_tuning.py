@@ -320,6 +320,31 @@ def test_adaptive_tree_keeps_a_tree_that_pays_and_drops_one_that_does_not():
     assert policy.level == 2 and policy.history == [2, 0, 1, 2]
 
 
+def test_a_failed_probe_doubles_the_wait_for_the_next_and_a_kept_tree_resets_it():
+    from eaglespec.engine.tuning import AdaptiveTree
+
+    policy = AdaptiveTree(_ladder(), 0.010, start=2, window=8, probe_every=20, max_probe_every=50)
+    for _ in range(8):
+        policy.observe(1)  # the head does not pay here: vanilla
+    waits = []
+    for _ in range(3):  # three probes, each failing
+        steps = 0
+        while policy.level == 0:
+            policy.observe(1)
+            steps += 1
+        waits.append(steps)
+        assert policy.level == 1
+        for _ in range(8):
+            policy.observe(1)
+        assert policy.level == 0
+    assert waits == [20, 40, 50]  # doubled, then capped
+    while policy.level == 0:
+        policy.observe(1)
+    for _ in range(8):
+        policy.observe(3)  # this probe pays: a tree is kept and the wait is reset
+    assert policy.level == 2 and policy.probe_wait == 20
+
+
 def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong():
     """A generator whose tuned tree never gets a draft accepted decodes vanilla after one window,
     and its output stays that of vanilla decoding."""

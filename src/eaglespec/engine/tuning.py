@@ -404,13 +404,19 @@ class AdaptiveTree:
     (vanilla included). Speed is judged from the cost curve, not from the clock: wall time over
     a few steps on a shared machine is noisier than the differences being judged. At vanilla no
     acceptance is seen, so after `probe_every` vanilla steps the smallest tree is tried again
-    for a window. Batches of more than one sequence keep the per-batch-size choice."""
+    for a window; a probe that ends back at vanilla doubles the wait before the next one (up to
+    `max_probe_every`), and one that keeps a tree resets it. A short window (8 steps) and the
+    backoff bound what a head that does not pay on this text costs: about one window at the
+    tuned tree, then one window per probe, ever rarer. Batches of more than one sequence keep the
+    per-batch-size choice."""
 
     def __init__(self, ladder: list[tuple[object, float, float]], vanilla: float, start: int,
-                 window: int = 16, probe_every: int = 64):
+                 window: int = 8, probe_every: int = 64, max_probe_every: int = 512):
         """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index."""
         self.ladder, self.vanilla, self.level = ladder, vanilla, start
-        self.window, self.probe_every = window, probe_every
+        self.window, self.probe_every, self.max_probe_every = window, probe_every, max_probe_every
+        self.probe_wait = probe_every  # vanilla steps before the next probe
+        self.probing = False           # the current window is a probe from vanilla
         self.steps = self.emitted = 0
         self.history: list[int] = [start]  # the levels taken, in order (said by tests and bench)
 
@@ -439,14 +445,19 @@ class AdaptiveTree:
         self.emitted += emitted
         tree, tau_predicted, _ = self.ladder[self.level]
         if tree is None:
-            if self.steps >= self.probe_every:
+            if self.steps >= self.probe_wait:
+                self.probing = True
                 self._move(1)  # the smallest tree: the cheapest probe
             return
         if self.steps < self.window:
             return
         scale = (self.emitted / self.steps - 1.0) / max(tau_predicted - 1.0, 1e-9)
         speeds = [(1.0 + (tau - 1.0) * scale) / cost for _, tau, cost in self.ladder]
-        self._move(max(range(len(speeds)), key=lambda i: (speeds[i], -i)))
+        best = max(range(len(speeds)), key=lambda i: (speeds[i], -i))
+        if self.probing:  # a failed probe waits twice as long for the next; a kept tree resets the wait
+            self.probe_wait = min(2 * self.probe_wait, self.max_probe_every) if best == 0 else self.probe_every
+            self.probing = False
+        self._move(best)
 
 
 def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 5, cache: Path | None = None,
