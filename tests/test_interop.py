@@ -124,7 +124,7 @@ def test_the_cli_exports_imports_and_names_the_format(target, tmp_path, capsys):
 def official_model(directory):
     """eagle-llm 1.2.1's own loading, as EaModel.__init__ and EaModel.from_pretrained
     (eagle/model/ea_model.py) do it: EConfig from config.json, `bias` read from the raw JSON
-    (true when absent), Model(config, bias), torch.load(pytorch_model.bin), strict load.
+    (true when absent), Model(config, bias), torch.load(pytorch_model.bin) (here with weights_only=True), strict load.
 
     eagle-llm 1.2.1 predates transformers 5, whose PretrainedConfig turned `rope_scaling` into an
     alias of `rope_parameters` (never None): cnets.py then fails with KeyError 'type' on any config.

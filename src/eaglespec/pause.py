@@ -40,13 +40,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def holder() -> int | None:
-    """The pid of the live process that holds the machine for a benchmark, or None."""
+def _recorded_pid() -> int | None:
     try:
-        pid = int(_hold_path().read_text().strip() or 0)
+        return int(_hold_path().read_text().strip() or 0) or None
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 and pid != os.getpid() and _alive(pid) else None
+
+
+def holder() -> int | None:
+    """The pid of the live process that holds the machine for a benchmark, or None."""
+    pid = _recorded_pid()
+    return pid if pid is not None and pid > 0 and pid != os.getpid() and _alive(pid) else None
 
 
 @contextlib.contextmanager
@@ -56,7 +60,7 @@ def hold_machine():
     path = _hold_path()
     mine = False
     try:
-        if holder() is None and not _held_by_me(path):
+        if holder() is None and _recorded_pid() != os.getpid():
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, str(os.getpid()).encode())
             mine = True
@@ -65,16 +69,9 @@ def hold_machine():
     try:
         yield
     finally:
-        if mine and _held_by_me(path):
+        if mine and _recorded_pid() == os.getpid():
             with contextlib.suppress(OSError):
                 path.unlink()
-
-
-def _held_by_me(path: Path) -> bool:
-    try:
-        return int(path.read_text().strip() or 0) == os.getpid()
-    except (OSError, ValueError):
-        return False
 
 
 def pause_reason(folder: str | os.PathLike | None = None) -> str | None:

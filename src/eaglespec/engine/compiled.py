@@ -45,7 +45,7 @@ import torch
 
 from ..core.attention import additive_mask
 from ..errors import EagleError, one_line
-from .compiled_cache import ARTEFACT_SCHEME, MANIFEST, stale_note
+from .compiled_cache import ARTEFACT_SCHEME, MANIFEST, installed_versions, stale_note
 from .kv_cache import RowCache, in_place, move_paths
 
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -512,16 +512,12 @@ _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 def artefact_key(target) -> dict:
     """What a compiled step depends on, besides the shapes inductor keys on itself: the machine
     (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype."""
-    import transformers
-
-    from .. import __version__
     from .target import cpu_identity
 
     device = target.device
     return {"scheme": ARTEFACT_SCHEME, **cpu_identity(), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "eaglespec": __version__,
+            "threads": torch.get_num_threads(), **installed_versions(),
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
 
 

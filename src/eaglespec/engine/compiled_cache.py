@@ -32,6 +32,7 @@ class CompiledFolder:
 
 
 def installed_versions() -> dict[str, str]:
+    """The SOFTWARE part of an artefact key (compiled.artefact_key)."""
     import torch
     import transformers
 

@@ -3,7 +3,7 @@
 prompt through the page in headless Chromium, runs "compare with vanilla", and saves the page.
 
     python -m eaglespec.serve.screenshot                           # docs/img/chat-page.png
-    python -m eaglespec.serve.screenshot --max-batch 1 --out /tmp/page.png --prompt "Write a haiku"
+    python -m eaglespec.serve.screenshot --max-batch 1 --out runs/page.png --prompt "Write a haiku"
 
 It needs Playwright (the dev extra) and a Chromium on PATH (Debian's `chromium` package); the
 browser Playwright would download is never used. The PNG is saved with a palette of at most

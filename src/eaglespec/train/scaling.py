@@ -21,8 +21,10 @@ from pathlib import Path
 
 from ..draft.contract import WEIGHTS
 from ..errors import EagleError
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, jsonl_objects
 from ..pause import wait_if_paused
+from .capture import read_manifest
+from .trainer import CHECKPOINT, METRICS
 
 POINTS = (1536, 3072, 6144, 12288, 0)  # 0: all the capture holds, once it is complete
 # The shipped head's recipe (docs/training.md), the same at every point.
@@ -33,17 +35,11 @@ SETS = (("mt-bench", "mt-bench", None), ("humaneval-40", "humaneval", 40), ("tas
 TREE = "eagle1"
 
 
-def _manifest(capture: Path) -> dict:
-    from .capture import read_manifest
-
-    return read_manifest(capture)
-
-
 def _wait_for_data(capture: Path, needed: int | None, poll_s: float) -> int:
     """Block until the capture has `needed` examples (None: until it is complete); -> examples."""
     told = None
     while True:
-        m = _manifest(capture)
+        m = read_manifest(capture)
         if (m["complete"] if needed is None else m["examples"] >= needed):
             return m["examples"]
         if told != m["examples"]:
@@ -60,19 +56,15 @@ def _load(path: Path) -> dict:
 def _save(path: Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(results, indent=1) + "\n").encode())
-    try:
-        plot(results, path.with_suffix(".png"))
-    except ImportError:  # no matplotlib: the JSON is what counts
-        pass
+    plot(results, path.with_suffix(".png"))
 
 
 def _held_out(head: Path) -> dict | None:
     """The last held-out evaluation of a trained head: loss and accuracy at depths 1-4."""
-    metrics = head / "metrics.jsonl"
+    metrics = head / METRICS
     if not metrics.is_file():
         return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    evals = [r for r in rows if r.get("kind") == "eval"]
+    evals = [row for row, _ in jsonl_objects(metrics) if row.get("kind") == "eval"]
     return evals[-1] if evals else None
 
 
@@ -92,7 +84,7 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
         name = f"eagle1-{k}"
         point = results["points"].setdefault(name, {"train_examples": k})
         head = out / name
-        finished = (head / WEIGHTS).is_file() and not (head / "checkpoint.pt").exists()  # trained, not yet saved here
+        finished = (head / WEIGHTS).is_file() and not (head / CHECKPOINT).exists()  # trained, not yet saved here
         if "held_out" not in point and not finished:
             wait_if_paused(head, print)
             argv = ["train", "--capture-dir", str(capture), "--partial", "--out", str(head),
@@ -106,7 +98,7 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
                 code = exc.code
             if code != 0:
                 raise EagleError(f"training {name} failed (exit {code}); rerun to resume it")
-            if (head / "checkpoint.pt").exists():  # stopped by --time-limit: continue in the next run
+            if (head / CHECKPOINT).exists():  # stopped by --time-limit: continue in the next run
                 print(f"[scaling] {name} stopped at its time limit; rerun to continue", flush=True)
                 return results
         if "held_out" not in point:
