@@ -15,11 +15,10 @@ ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
 
 
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs two pytest-xdist workers with --dist loadgroup: each test file stays in one
-    worker, in order (module fixtures and order-dependent checks as in a plain run), and the
-    real-model tests (marked slow) all run in one worker, one after another. They use both cores
-    each; the tiny-model tests use one thread, so two of them, or one beside a real-model test,
-    fill the two cores that a plain run leaves half idle."""
+    """`TEST_WORKERS=2 make test` runs two pytest-xdist workers with --dist loadgroup: each test
+    file stays in one worker, in order (module fixtures and order-dependent checks as in a plain
+    run), and the real-model tests (marked slow) all run in one worker, one after another. (Opt-in:
+    on CI's two cores the real-model group, using both cores, made it no faster than one process.)"""
     for item in items:
         group = "real-model" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
