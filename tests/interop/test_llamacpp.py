@@ -129,3 +129,47 @@ def test_llama_server_greedy_with_our_draft_equals_without(built, draft_gguf, pr
     # under a point on 3 MT-bench prompts: the field test above pins those.)
     assert accepted / proposed > 0.05, f"llama.cpp accepted {accepted}/{proposed} draft tokens of our head"
     assert "draft acceptance" in (tmp_path / "eagle3.log").read_text(errors="replace")
+
+
+@pytest.mark.interop
+def test_the_f32_copy_holds_the_dequantized_values(built):
+    """llama-quantize's F32 copy of the packaged Q4_1 GGUF holds, tensor for tensor, what gguf-py's
+    dequantization (the one transformers loads the target with) gives: the weights eaglespec runs."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from eaglespec.engine.target import default_gguf_path
+    from eaglespec.interop.llamacpp import f32_gguf
+
+    source = default_gguf_path()
+    copy = f32_gguf(source)
+    quantized = {t.name: t for t in GGUFReader(source).tensors}
+    full = {t.name: t for t in GGUFReader(copy).tensors}
+    assert set(full) == set(quantized)
+    assert {t.tensor_type.name for t in full.values()} == {"F32"}
+    for name, t in quantized.items():
+        ours = dequantize(t.data, t.tensor_type).reshape(-1)
+        np.testing.assert_array_equal(np.asarray(full[name].data, dtype=np.float32).reshape(-1), ours, err_msg=name)
+
+
+@pytest.mark.interop
+def test_bench_runs_llamacpp_beside_our_loop(built, tmp_path, monkeypatch):
+    """`eaglespec bench --methods vanilla,llama.cpp,llama.cpp-f32`: one table, llama.cpp's rows
+    from its own servers; the F32 copy greedy-decodes what our fp32 vanilla does."""
+    import json
+
+    from eaglespec.cli.commands import main
+
+    monkeypatch.setenv("EAGLESPEC_COMPILE", "off")
+    out = tmp_path / "bench"
+    assert main(["bench", "--dataset", "mt-bench", "--limit", "2", "--max-new-tokens", "24", "--no-plots",
+                 "--methods", "vanilla,llama.cpp,llama.cpp-f32", "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    by_method = {}
+    for e in report["records"]:
+        by_method.setdefault(e["method"], []).append(e)
+    assert set(by_method) == {"vanilla", "llama.cpp", "llama.cpp-f32"}
+    for name in ("llama.cpp", "llama.cpp-f32"):
+        assert all(e["token_ids"] for e in by_method[name]), name
+    assert [e["token_ids"] for e in by_method["llama.cpp-f32"]] == [e["token_ids"] for e in by_method["vanilla"]]
+    assert "llama.cpp-f32" in (out / "results.md").read_text()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shlex
@@ -16,7 +17,7 @@ from pathlib import Path
 from ..core.config import SamplingParams
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
-from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, parse_depths
+from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, parse_depths
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
@@ -143,10 +144,17 @@ def cmd_bench(args) -> int:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     chains = parse_depths(args.chain)
     questions = load_questions(args.dataset, args.limit)
+    gguf = check_llamacpp(args.methods, args.target)  # before minutes of loading and compiling
     gen = load_generator(args)
     if gen.target.tokenizer is None:
         raise EagleError(f"target {gen.target.name} has no tokenizer: bench needs one to encode the questions")
-    methods, notes = build_methods(gen, args.methods, chains, sampling.greedy, default_tree=args.tree)
+    with contextlib.ExitStack() as servers:  # the llama.cpp methods' servers, stopped at the end
+        methods, notes = build_methods(gen, args.methods, chains, sampling.greedy, default_tree=args.tree,
+                                       servers=servers, gguf=gguf)
+        return _bench(args, gen, questions, methods, notes, sampling)
+
+
+def _bench(args, gen, questions: list[Question], methods: list[Method], notes: list[str], sampling: SamplingParams) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -4,7 +4,9 @@ synchronised on a GPU, prefill included) and its tokens are the generated ids it
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -18,15 +20,20 @@ BASELINE = "vanilla"
 EAGER = "vanilla-eager"
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+LLAMA_CPP = "llama.cpp"          # llama.cpp's vanilla decoding of the target's GGUF as it is (the default's Q4_1)
+LLAMA_CPP_F32 = "llama.cpp-f32"  # the same of an F32 copy: the weights eaglespec's fp32 target runs
 PROMPT_LOOKUP_TOKENS = 10
 DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
     "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
     "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, auto (the tree tuned for this machine), "
     "default (the --tree of the generator), eager (vanilla on the eager kernels, beside a compiled baseline), "
-    f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy). Default: {DEFAULT_METHODS}"
+    f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy), {LLAMA_CPP} (llama-server decoding the "
+    f"target's .gguf as it is, greedy), {LLAMA_CPP_F32} (the same of an F32 copy); the llama.cpp methods need "
+    f"`python -m eaglespec.interop.build_llamacpp` first. Default: {DEFAULT_METHODS}"
 )
-_ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP, "eager": EAGER}
+_ALIASES = {"hf": HF_GENERATE, "pld": HF_PROMPT_LOOKUP, "eager": EAGER, "llamacpp": LLAMA_CPP,
+            "llamacpp-f32": LLAMA_CPP_F32}
 
 
 class Method(Protocol):
@@ -125,9 +132,11 @@ class HFMethod:
 
 
 def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bool,
-                  default_tree: str = "eagle1") -> tuple[list[Method], list[str]]:
+                  default_tree: str = "eagle1", servers: contextlib.ExitStack | None = None,
+                  gguf: Path | None = None) -> tuple[list[Method], list[str]]:
     """Parse --methods; -> (methods, notes for the user). Vanilla is always first (the baseline);
-    greedy-only references are dropped at temperature > 0."""
+    greedy-only references are dropped at temperature > 0. The llama.cpp methods start a
+    llama-server on `gguf` (the target's file) each, entered into `servers` (closed with it)."""
     notes: list[str] = []
     wanted: list[str] = []
     for raw in split_methods(names):
@@ -152,6 +161,11 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
                 notes.append(f"{name} skipped: outside references run greedy only")
                 continue
             methods.append(HFMethod(gen, name, PROMPT_LOOKUP_TOKENS if name == HF_PROMPT_LOOKUP else None))
+        elif name in (LLAMA_CPP, LLAMA_CPP_F32):
+            if not greedy:
+                notes.append(f"{name} skipped: outside references run greedy only")
+                continue
+            methods.append(_llama_method(name, gguf, servers))
         else:
             # once per method: the generator caches a drafter per tree
             tree = gen.tree if name == "auto" else parse_tree(name)
@@ -163,6 +177,40 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
             if all(m.name != label for m in methods):
                 methods.append(LoopMethod(gen, label, tree))
     return methods, notes
+
+
+def check_llamacpp(names: str, target: str | None) -> Path | None:
+    """When --methods names a llama.cpp method: check that llama.cpp is built and that the target
+    is a .gguf file, in one line each, before the target loads; -> that file (None otherwise)."""
+    if not any(_ALIASES.get(n, n) in (LLAMA_CPP, LLAMA_CPP_F32) for n in split_methods(names)):
+        return None
+    from ..engine.target import resolve_target
+    from ..interop.build_llamacpp import server
+
+    server()
+    folder, gguf = resolve_target(target)
+    if gguf is None:
+        raise EagleError(f"the llama.cpp methods run llama.cpp on the target's .gguf file, and {target} is a Hugging Face "
+                         "folder: pass --target FILE.gguf, or leave the llama.cpp methods out")
+    return Path(folder) / gguf
+
+
+def _llama_method(name: str, gguf: Path | None, servers: contextlib.ExitStack | None) -> Method:
+    """llama.cpp's vanilla decoding on this machine's threads, of the target's GGUF or its F32 copy."""
+    from ..interop.build_llamacpp import server
+    from ..interop.llamacpp import LlamaCppMethod, LlamaServer, f32_gguf
+
+    if gguf is None:
+        raise EagleError(f"method {name!r} needs the target's .gguf file (check_llamacpp)")
+    if servers is None:
+        raise EagleError(f"method {name!r} needs a place to keep its llama-server (build_methods(servers=...))")
+    binary = server()  # a one-line error when llama.cpp is not built
+    model = f32_gguf(gguf) if name == LLAMA_CPP_F32 else Path(gguf)
+    threads = torch.get_num_threads()
+    running = servers.enter_context(LlamaServer(model, binary=binary, threads=threads))
+    method = LlamaCppMethod(running, name)
+    method.spec = f"llama-server {model.name}, {threads} threads, greedy"  # no port: a resumed run compares it
+    return method
 
 
 def split_methods(text: str) -> list[str]:

@@ -29,31 +29,11 @@ from pathlib import Path
 from ..bench.metrics import Record
 from ..core.config import SamplingParams
 from ..errors import EagleError
-from .llamacpp import ENGINE, Completion, LlamaServer, export_llamacpp
+from .llamacpp import ENGINE, Completion, LlamaCppMethod, LlamaServer, export_llamacpp
 
 HEAD = "smollm2-135m-instruct-eagle3"
 LLAMA_VANILLA = "llama.cpp"
 LLAMA_EAGLE3 = "llama.cpp+eagle3"
-
-
-class LlamaCppMethod:
-    """A `bench.methods.Method` over a running llama-server; keeps llama.cpp's counters per run."""
-
-    kind = "reference"  # another engine's kernels: a difference from eaglespec's vanilla is a warning
-    greedy_only = True
-    depth = 0
-
-    def __init__(self, server: LlamaServer, name: str):
-        self.server, self.name = server, name
-        self.spec = " ".join(server.cmd[1:])
-        self.completions: list[Completion] = []
-
-    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
-        if not sampling.greedy:
-            raise EagleError(f"{self.name} is compared greedy only")
-        c = self.server.complete(input_ids, max_new_tokens)
-        self.completions.append(c)
-        return Record(c.token_ids, c.engine_s)
 
 
 def _llama_row(completions: list[Completion]) -> dict:

