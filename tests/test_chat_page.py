@@ -22,7 +22,6 @@ from eaglespec.serve.screenshot import find_browser
 
 PROMPT = "Why is the sky blue?"
 PIECES = ["<script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">', "<b>bold</b>", " &amp; done"]
-PAYLOAD = "".join(PIECES)
 DEADLINE_S = 30.0
 
 
@@ -137,7 +136,7 @@ def test_a_closed_tab_frees_its_slot(slow, browser):
 
 
 class HtmlGenerator:
-    """Delegates to a generator, but its text is PAYLOAD, one tag (one of PIECES) per token."""
+    """Delegates to a generator, but token id i decodes to PIECES[i % len(PIECES)]: HTML tags."""
 
     def __init__(self, gen):
         self._gen = gen
@@ -149,20 +148,24 @@ class HtmlGenerator:
         return set()
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(PIECES[:len(ids)])
+        return "".join(PIECES[i % len(PIECES)] for i in ids)
 
 
 def test_reply_html_is_shown_as_text(gen, page):
     with live_server(create_app(HtmlGenerator(gen), ServeConfig(max_tokens=128))) as url:
         page.goto(url)
         typed = "<img src=x onerror=\"window.pwned = 3\">hello"
-        send(page, typed, len(PIECES))
+        send(page, typed, 12)
         page.wait_for_selector(".reply[data-state=done]")
-        assert page.text_content(".reply") == PAYLOAD
+        api = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": typed}], "max_tokens": 12, "temperature": 0}).json()
+        reply = api["choices"][0]["message"]["content"]
+        assert "<script>" in reply and "<img" in reply  # the greedy reply is made of tags
+        assert page.text_content(".reply") == reply
         assert page.text_content(".msg.user .body") == typed
         page.click("#compare")
         page.wait_for_selector("#comparison[data-state=done]")
-        assert page.text_content("#cmp-text") == PAYLOAD
+        assert page.text_content("#cmp-text") == reply
         assert page.locator("#messages script, #messages img, #messages b, #cmp-text *").count() == 0
         assert page.evaluate("() => window.pwned") is None
 

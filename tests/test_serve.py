@@ -252,10 +252,8 @@ def test_create_app_needs_a_tokenizer(gen):
     (["xSTOPy"], ["STOP", "xS"], [""]),                               # the earliest stop wins
 ])
 def test_text_stream(pieces, stop, want):
-    text = "".join(pieces)
-    bounds = [sum(len(p) for p in pieces[: i + 1]) for i in range(len(pieces))]
-    stream = TextStream(lambda ids: text[: bounds[len(ids) - 1]], stop)
-    got = [stream.push([0]) for _ in pieces]
+    stream = TextStream(lambda ids: "".join(pieces[i] for i in ids), stop)  # token i decodes to pieces[i]
+    got = [stream.push([i]) for i in range(len(pieces))]
     got[-1] += stream.flush()
     assert got == want
 

@@ -199,7 +199,8 @@ class Engine:
             if job.cancelled.is_set():
                 continue
             job.emit(Started(time.perf_counter() - job.submitted))
-            r = _Running(job, TextStream(self.decode, job.stop), self.decode, self.speculative and job.speculative)
+            r = _Running(job, TextStream(self.decode, job.stop, token_ends=job.token_origin), self.decode,
+                         self.speculative and job.speculative)
             try:
                 seq, first = batch.add(job.input_ids, job.max_tokens, job.sampling, self.generator.eos_token_ids(),
                                        speculative=job.speculative)
@@ -232,7 +233,7 @@ class _Running:
         sent = self.text.sent
         delta = self.text.push(out.tokens)
         if self.spans is not None:
-            self._mark(out.tokens, [TARGET] if prefill else step_origins(out.stats))
+            self._mark([TARGET] if prefill else step_origins(out.stats))
             self._send(sent, delta, [] if prefill else [step_record(out.stats)])
         elif delta:
             self.job.emit(Delta(delta))
@@ -240,12 +241,11 @@ class _Running:
             return "stop"
         return out.finish_reason
 
-    def _mark(self, tokens: list[int], origins: list[str]) -> None:
-        """Where each new token's text ends: the length of the text decoded up to it (an incomplete
-        UTF-8 character at the end belongs to the token that completes it)."""
-        ids = self.text.ids
-        for j, origin in zip(range(len(ids) - len(tokens) + 1, len(ids) + 1), origins):
-            self.spans.add(len(self.decode(ids[:j]).rstrip("\ufffd")), origin)
+    def _mark(self, origins: list[str]) -> None:
+        """Where each new token's text ends (TextStream.ends: the length of the text decoded up to
+        it; an incomplete UTF-8 character at the end belongs to the token that completes it)."""
+        for end, origin in zip(self.text.ends, origins):
+            self.spans.add(end, origin)
 
     def _send(self, sent: int, delta: str, steps: list[dict]) -> None:
         self.job.emit(Delta(delta, {"tokens": self.spans.spans(sent, delta), "steps": steps}))
