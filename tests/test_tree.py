@@ -142,3 +142,12 @@ def test_select_best_nodes_matches_a_plain_reference_on_random_trees():
             reference = sorted(range(m), key=lambda i: (-float(scores[i]), i))[:total]
             assert kept.tolist() == sorted(reference)
             assert _closed(kept, parents)
+
+
+def test_leaf_flags_nodes_without_children():
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 26, 60):
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+        b = buffers_from_parents(parents)
+        assert b.leaf == tuple(not bool((parents == i).any()) for i in range(n))
+        assert sum(b.leaf) == b.retrieve_indices.shape[0]  # one candidate path per leaf

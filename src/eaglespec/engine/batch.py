@@ -223,7 +223,7 @@ class Batch:
                     break
             seq.produced += len(emit)
             seq.finish_reason = "stop" if emit[-1] in seq.stops else "length" if seq.produced >= seq.budget else None
-            bonus = sizes[r] > 1 and not bool((tree.buffers.parents == int(acc.path[-1])).any())
+            bonus = sizes[r] > 1 and tree.buffers.leaf[int(acc.path[-1])]
             outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus),
                                             seq.finish_reason)))
             new_tokens, new_hidden = torch.tensor(new, device=target.device), states.hidden[r][path]
