@@ -59,6 +59,33 @@ def test_hold_machine_removes_only_its_own_file(cache):
         proc.wait()
 
 
+def test_a_reused_pid_pauses_nothing_without_the_lock(cache, tmp_path):
+    """A pid file naming a live process that is no benchmark (the pid of a killed one, given to
+    another process since) does not pause: the lock decides."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / pause.HOLD_FILE).write_text(str(other.pid))
+        assert pause.holder() is None and pause.pause_reason(tmp_path) is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_overlapping_benchmarks_keep_jobs_paused_until_the_last_ends(cache, tmp_path):
+    first, second = holding_process(cache), holding_process(cache)
+    try:
+        assert pause.holder() == first.pid  # the pid file is the first one's
+        first.kill()
+        first.wait()
+        assert pause.holder() == 0  # the second still holds the lock; its pid is not on file
+        assert "benchmark.lock" in pause.pause_reason(tmp_path)
+    finally:
+        second.kill()
+        second.wait()
+    assert pause.holder() is None and pause.pause_reason(tmp_path) is None
+
+
 def test_wait_if_paused_sleeps_until_the_pause_file_goes(tmp_path):
     import threading
 

@@ -3,17 +3,23 @@
 A capture or a training run takes hours at low priority; a benchmark takes minutes and needs both
 cores and the memory bandwidth to itself (on a 2-core CPU a niced job's OpenMP threads still get
 scheduled, and a decoding step is bound by the bandwidth both share). So:
-- a benchmark holds the machine (`hold_machine`): it writes its pid into `<cache>/benchmark.pid`
-  and removes it when it ends;
+- a benchmark holds the machine (`hold_machine`): it holds a shared flock on
+  `<cache>/benchmark.lock` for as long as it runs (several benchmarks may hold it at once; the
+  kernel drops a killed one's lock), and writes its pid into `<cache>/benchmark.pid` to be named
+  in messages;
 - a long job calls `wait_if_paused` between units of work (a conversation, an optimiser step) and
-  sleeps while a live process holds the machine, or while a `PAUSE` file sits in its own output
+  sleeps while another process holds the lock, or while a `PAUSE` file sits in its own output
   folder (`touch runs/capture/PAUSE` pauses it by hand, `rm` resumes it).
-A pid file left by a killed benchmark pauses nothing: the pid must be alive.
+The lock, not the pid file, decides: a pid file left by a killed benchmark, or naming a pid the
+system has since given to another process, pauses nothing, and the second of two overlapping
+benchmarks keeps jobs paused after the first one ends. (Jobs started by an older eaglespec read
+the pid file alone: it is still written.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
 from collections.abc import Callable
@@ -22,8 +28,10 @@ from pathlib import Path
 from .files import atomic_write_bytes, cache_dir
 
 PAUSE_FILE = "PAUSE"          # in a long job's output folder: pause it by hand
-HOLD_FILE = "benchmark.pid"   # in the cache folder: the pid of the benchmark that holds the machine
+HOLD_FILE = "benchmark.pid"   # in the cache folder: the pid of a benchmark that holds the machine (messages)
+LOCK_FILE = "benchmark.lock"  # in the cache folder: share-locked by every running benchmark
 POLL_S = 2.0
+_holds = 0                    # hold_machine blocks open in this process: it never waits for itself
 
 
 def _hold_path() -> Path:
@@ -47,31 +55,60 @@ def _recorded_pid() -> int | None:
         return None
 
 
+def _held_elsewhere() -> bool:
+    """Whether another process holds the machine: its shared lock keeps our exclusive try out."""
+    if _holds:
+        return False
+    try:
+        fd = os.open(cache_dir() / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # no lock file: no benchmark has run here
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def holder() -> int | None:
-    """The pid of the live process that holds the machine for a benchmark, or None."""
+    """None when no other process holds the machine for a benchmark; else the pid its file names
+    (0 when that is unknown: the file is gone, or names a process that has ended)."""
+    if not _held_elsewhere():
+        return None
     pid = _recorded_pid()
-    return pid if pid is not None and pid > 0 and pid != os.getpid() and _alive(pid) else None
+    return pid if pid is not None and pid > 0 and pid != os.getpid() and _alive(pid) else 0
 
 
 @contextlib.contextmanager
 def hold_machine():
     """Hold the machine for the block: long jobs that call `wait_if_paused` sleep until it ends.
-    Nested holds (and a second benchmark while one runs) keep the first holder's file."""
+    Nested holds and overlapping benchmarks each hold the lock; the pid file is the first one's."""
+    global _holds
     path = _hold_path()
-    mine = False
+    fd, mine = None, False
     try:
-        if holder() is None and _recorded_pid() != os.getpid():
-            path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        pid = _recorded_pid()
+        if pid is None or (pid != os.getpid() and not _alive(pid)):
             atomic_write_bytes(path, str(os.getpid()).encode())
             mine = True
     except OSError:  # a read-only cache: benchmarks still run, unprotected
-        mine = False
+        pass
+    _holds += 1
     try:
         yield
     finally:
+        _holds -= 1
         if mine and _recorded_pid() == os.getpid():
             with contextlib.suppress(OSError):
                 path.unlink()
+        if fd is not None:
+            os.close(fd)  # drops the lock
 
 
 def pause_reason(folder: str | os.PathLike | None = None) -> str | None:
@@ -80,7 +117,7 @@ def pause_reason(folder: str | os.PathLike | None = None) -> str | None:
         return f"{Path(folder) / PAUSE_FILE} exists (remove it to resume)"
     pid = holder()
     if pid is not None:
-        return f"a benchmark (pid {pid}) holds the machine"
+        return f"a benchmark ({f'pid {pid}' if pid else cache_dir() / LOCK_FILE}) holds the machine"
     return None
 
 
