@@ -4,6 +4,7 @@ static cache's bookkeeping equal to RowCache's, the keyed artefact cache, and th
 (a machine without a C++ compiler). Tiny models, few shapes: each graph takes ~10 s to build."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -59,7 +60,8 @@ def test_compiled_vanilla_and_eagle_equal_eager_vanilla(arch):
     assert drafted(gen) == drafted(EagleGenerator(eager, random_head(eager), "chain:3"))
     keys = set(target.steps._runners)
     assert {k[:2] for k in keys if k[3] is None} == {(1, 1), (1, 4)}  # the target: vanilla, root + 3 drafts
-    assert any(k[3] == "heagle1" for k in keys)  # the head's steps compiled too
+    assert any(isinstance(k[3], str) and k[3].startswith("heagle1-") for k in keys)  # the head's steps compiled too
+    assert any(isinstance(k[3], str) and k[3].startswith("deagle1-") for k in keys)  # and its draft LM head
 
 
 @needs_cxx
@@ -261,6 +263,25 @@ def test_packages_are_built_once_loaded_after_and_rebuilt_when_damaged(tmp_path,
     err = capsys.readouterr().err
     assert "ignored the compiled package" in err and "compiling" in err
     assert [p.name for p in tmp_path.glob("*.pt2")] == [package.name] and not list(tmp_path.glob(".*partial*"))
+
+
+@needs_cxx
+def test_another_head_of_the_same_kind_never_loads_this_ones_packages(tmp_path):
+    """Head packages are named by the head's weights (and the draft LM head's by its own): a second
+    head in the same artefact folder builds its own and drafts what it drafts eagerly."""
+    eager = tiny_target("llama")
+    trees = []
+    for seed in (1, 2):
+        target = tiny_target("llama")
+        target.steps = CompiledSteps(target, progress=False, autotune=False, folder=tmp_path)
+        gen = EagleGenerator(target, random_head(target, seed=seed), "chain:2")
+        trees.append(drafted(gen, 12))
+        assert trees[-1] == drafted(EagleGenerator(eager, random_head(eager, seed=seed), "chain:2"), 12)
+    assert trees[0] != trees[1]
+    heads = sorted(p.name for p in tmp_path.glob("step-*-heagle1-*.pt2"))
+    scores = sorted(p.name for p in tmp_path.glob("step-*-deagle1-*.pt2"))
+    assert len({re.search(r"heagle1-([0-9a-f]{16})", n).group(1) for n in heads}) == 2
+    assert scores  # one draft LM head for both: the target's, shared
 
 
 def test_gqa_attention_equals_the_stock_sdpa_attention():

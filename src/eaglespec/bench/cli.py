@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..core.config import SamplingParams
+from ..engine.compiled_cache import weights_digest
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
 from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, parse_depths
@@ -53,19 +54,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _weights_digest(module) -> str | None:
-    """SHA-256 (16 hex digits) of a module's weights: tells a retrained head in the same directory."""
-    import hashlib
-
-    if module is None:
-        return None
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def run_metadata(gen, methods: list[Method], **fields) -> dict:
     import torch
     import transformers
@@ -83,7 +71,7 @@ def run_metadata(gen, methods: list[Method], **fields) -> dict:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "methods": {m.name: m.spec for m in methods},
-        "head_weights": _weights_digest(gen.head),
+        "head_weights": None if gen.head is None else weights_digest(gen.head),
         "versions": {"eaglespec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "platform": platform.platform(),

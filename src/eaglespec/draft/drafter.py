@@ -94,6 +94,10 @@ class EagerHeadSteps:
         mask = additive_mask(torch.cat([real, block], dim=2), self.dtype)
         return self.head(embeds, hidden, attention_mask=mask, position_ids=positions, cache=rows.cache)
 
+    def logprobs(self, lm, out: torch.Tensor) -> torch.Tensor:
+        """[B, E, H] head outputs -> [B, E, Vd] log q (DraftLM.logprobs)."""
+        return lm.logprobs(out)
+
 
 class Drafter:
     def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None):
@@ -126,8 +130,9 @@ class Drafter:
 
     # -- head pieces ---------------------------------------------------------------------------
     def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:
-        """[..., H] head outputs -> [..., Vd] draft log-probabilities q (over the draft vocabulary)."""
-        return self.lm.logprobs(out)
+        """[B, E, H] head outputs -> [B, E, Vd] draft log-probabilities q (over the draft vocabulary),
+        on the head's backend (compiled: one graph per shape bucket)."""
+        return self.steps.logprobs(self.lm, out)
 
     def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.to_target_ids(ids)

@@ -41,6 +41,18 @@ def installed_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "eaglespec": __version__}
 
 
+def weights_digest(module) -> str:
+    """SHA-256 (16 hex digits) of a module's tensors, with their names: tells two heads (or two
+    draft vocabularies) of the same shapes apart, e.g. a retrained head in the same directory."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def stale_reason(key: dict | None, versions: dict[str, str]) -> str | None:
     if not isinstance(key, dict):
         return "its manifest is unreadable"

@@ -190,7 +190,7 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
 
 # -- the cost curve, cached per machine ---------------------------------------------------------
 RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
-COST_SCHEME = 2                   # bump when what measure_step_costs times changes
+COST_SCHEME = 3                   # bump when what measure_step_costs times changes (3: the draft LM head compiled)
 COST_CONTEXT = 256                # tokens in the cache a cost is measured on
 
 
