@@ -17,7 +17,7 @@ from eaglespec.bench import methods as M
 from eaglespec.core.config import SamplingParams
 from eaglespec.errors import EagleError
 from eaglespec.interop import build_llamacpp
-from eaglespec.interop.llamacpp import Completion, LlamaCppMethod, LlamaServer, f32_gguf
+from eaglespec.interop.llamacpp import Completion, LlamaCppMethod, LlamaServer, f32_gguf, f32_path
 
 
 def _tool(path: Path, body: str) -> Path:
@@ -67,11 +67,41 @@ def test_the_f32_copy_is_made_once_atomically_by_llama_quantize(root, tmp_path):
           f'echo "$@" >> {calls}\n{{ printf F32; cat "$2"; }} > "$3"\n')
     out = f32_gguf(source)
     assert out.read_bytes() == b"F32" + source.read_bytes()
-    assert out.parent == root / "gguf" and str(source.stat().st_size) in out.name
+    assert out == f32_path(source) and out.parent == root / "gguf"
     assert f32_gguf(source) == out  # kept: the tool is not run again
     (args,) = calls.read_text().splitlines()
     assert args.startswith("--allow-requantize ") and args.endswith(" F32")
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_two_sources_of_one_name_and_size_get_their_own_copies(root, tmp_path):
+    """Two fine-tunes quantized alike: same file name, same size, other weights."""
+    a, b = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for path, byte in ((a, b"a"), (b, b"b")):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF" + byte * 16)
+    _tool(build_llamacpp.binary("llama-quantize", root), 'cat "$2" > "$3"\n')
+    assert f32_gguf(a).read_bytes() == a.read_bytes() and f32_gguf(b).read_bytes() == b.read_bytes()
+    assert f32_path(a) != f32_path(b)
+    os.utime(a, ns=(1, 1))  # rewritten in place: a new copy
+    assert f32_path(a) != f32_gguf(b) and not f32_path(a).exists()
+
+
+def test_the_f32_method_needs_llama_quantize_unless_its_copy_exists(root, tmp_path):
+    _tool(build_llamacpp.binary("llama-server", root), "exit 0\n")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(16))
+    assert M.check_llamacpp("llama.cpp", str(gguf)) == gguf  # the Q4_1 method alone: no llama-quantize needed
+    with pytest.raises(EagleError, match="llama-quantize"):
+        M.check_llamacpp("llama.cpp-f32", str(gguf))
+    f32_path(gguf).parent.mkdir(parents=True)
+    f32_path(gguf).write_bytes(b"GGUF")
+    assert M.check_llamacpp("llama.cpp-f32", str(gguf)) == gguf
+
+
+def test_no_check_when_the_llamacpp_methods_are_skipped(root):
+    """At temperature > 0 they are skipped (greedy only): an unbuilt llama.cpp is no error."""
+    assert M.check_llamacpp("vanilla,llama.cpp,llama.cpp-f32", None, greedy=False) is None
 
 
 def test_a_failing_llama_quantize_leaves_no_copy(root, tmp_path):

@@ -11,6 +11,7 @@ import torch
 from conftest import ARCHS, tiny_target
 from test_decoding import random_head
 
+from eaglespec.core.config import parse_tree
 from eaglespec.engine import compiled
 from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
 from eaglespec.engine.decoding import EagleGenerator
@@ -222,8 +223,13 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
     (folder / "inductor" / "artefact").write_text("kept")
+    old = ["step-1x1x512-heagle1.pt2", "step-2x4x512-heagle3-noautotune.pt2"]  # head packages named by kind alone
+    new = ["step-1x1x512-heagle1-0123456789abcdef.pt2", "step-1x1x512-f.pt2", "step-1x1x0-deagle1-target.pt2"]
+    for name in old + new:
+        (folder / name).write_bytes(b"package")
     assert artefact_dir(target, tmp_path) == (folder, "")  # same key: trusted, kept
     assert (folder / "inductor" / "artefact").is_file()
+    assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(new)  # the old head packages: never loaded, gone
     # another target (other weights) gets another folder
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
     assert other != folder
@@ -282,6 +288,79 @@ def test_another_head_of_the_same_kind_never_loads_this_ones_packages(tmp_path):
     scores = sorted(p.name for p in tmp_path.glob("step-*-deagle1-*.pt2"))
     assert len({re.search(r"heagle1-([0-9a-f]{16})", n).group(1) for n in heads}) == 2
     assert scores  # one draft LM head for both: the target's, shared
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", ["eagle1-vocab", "eagle3"])
+def test_compiled_draft_scores_are_the_eager_ones_at_every_shape(kind):
+    """The draft LM head's graphs (a reduced EAGLE-1 vocabulary; EAGLE-3's own norm and vocabulary)
+    against DraftLM.logprobs, with padded rows and nodes and the wide eager fallback; then the
+    trees a static and a dynamic tree draft for three prompts at once equal the eager drafter's."""
+    from test_eagle3 import eagle3_head
+
+    from eaglespec.draft.drafter import Drafter
+
+    target = compiled_target("llama")
+    eager = tiny_target("llama")
+    vocab = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(0))[:40]
+    head = eagle3_head(target) if kind == "eagle3" else random_head(target)
+    drafter = Drafter(head, target, parse_tree("chain:2"), None if kind == "eagle3" else vocab)
+    for b, e in ((1, 1), (3, 5), (2, 17)):
+        x = torch.randn(b, e, target.hidden_size, generator=torch.Generator().manual_seed(b * 100 + e), dtype=target.dtype)
+        got, want = drafter._draft_logprobs(x), drafter.lm.logprobs(x)
+        assert got.shape == want.shape == (b, e, drafter.lm.weight.shape[0])
+        assert (got - want).abs().max() <= 1e-5, (b, e)  # log q is float32 on both paths
+    tags = {k[3] for k in target.steps._runners if k[2] == 0}
+    assert len(tags) == 1 and next(iter(tags)).startswith("d" + head.kind + "-")
+    assert {k[:2] for k in target.steps._runners if k[2] == 0} == {(1, 1), (4, 8)}  # (2, 17): eager, wider than 16
+    prompts = [PROMPT, [8, 4, 19], [40, 41, 42, 43, 44]]
+    for tree in ("eagle1", "dynamic:3,3,8"):
+        trees = []
+        for t in (target, eager):
+            gen = EagleGenerator(t, head, tree, draft_vocab=None if kind == "eagle3" else vocab)
+            batch, seen = gen.new_batch(), []
+            for p in prompts:
+                batch.add(p, 10, stops=set())
+            while len(batch):
+                batch.step(lambda tr, logits, acc: seen.append(tr.tokens.tolist()))
+            trees.append(seen)
+        assert trees[0] == trees[1], tree
+
+
+@needs_cxx
+def test_warm_builds_the_steps_of_every_cache_size_a_run_needs():
+    """`warm(contexts)` (what `eaglespec bench` calls with its prompts' lengths) builds the graphs of
+    each cache bucket up front: a long prompt then compiles nothing inside a timing."""
+    target = compiled_target("llama")
+    gen = EagleGenerator(target, random_head(target), "chain:2")
+    gen.warm(contexts=(40, 100, 600), trees=(parse_tree("chain:2"),))
+    assert {k[2] for k in target.steps._runners if k[3] is None} == {512, 1024}
+    built = target.steps.stats.graphs
+    long_prompt = [int(i) % 100 + 3 for i in range(500)]
+    assert len(ids(gen, 10, prompt=long_prompt)) == 10 and len(ids(gen, 10, speculative=False, prompt=long_prompt)) == 10
+    assert target.steps.stats.graphs == built
+
+
+def test_bench_contexts_bound_every_prompt_of_the_run():
+    """What `eaglespec bench` warms: each first turn's prompt + new tokens, and a second turn's
+    bound (both user turns and a first answer of the whole budget); nothing on the eager path."""
+    from bench_helpers import tiny_generator
+
+    from eaglespec.bench.cli import prompt_contexts
+    from eaglespec.bench.datasets import Question
+
+    gen = tiny_generator()
+    questions = [Question("1", "c", ("w7 w8 w9", "w10 w11")), Question("2", "c", ("w12",))]
+    assert prompt_contexts(gen, questions, 2, "mt-bench", True, 16) == ()  # eager: nothing to build
+    gen.target.steps = CompiledSteps(gen.target, progress=False, autotune=False)
+    first = len(gen.encode(messages=[{"role": "user", "content": "w7 w8 w9"}]))
+    answer = " ".join(["w20"] * 16)  # a first answer of 16 tokens
+    second = len(gen.encode(messages=[{"role": "user", "content": "w7 w8 w9"}, {"role": "assistant", "content": answer},
+                                      {"role": "user", "content": "w10 w11"}]))
+    got = prompt_contexts(gen, questions, 2, "mt-bench", True, 16)
+    assert got[0] == first + 16 and got[1] >= second + 16 and len(got) == 3
+    assert prompt_contexts(gen, questions, 1, "mt-bench", True, 16)[1] == len(gen.encode(messages=[
+        {"role": "user", "content": "w12"}])) + 16
 
 
 def test_gqa_attention_equals_the_stock_sdpa_attention():

@@ -86,6 +86,20 @@ def test_overlapping_benchmarks_keep_jobs_paused_until_the_last_ends(cache, tmp_
     assert pause.holder() is None and pause.pause_reason(tmp_path) is None
 
 
+def test_another_jobs_probe_is_not_a_hold(cache, monkeypatch):
+    """A long job tests the lock with a brief exclusive try; another job testing it in the same
+    instant must not read that as a benchmark."""
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(pause, "PROBES", 100)  # 1 s of tries: the probe below lasts 50 ms
+    cache.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache / pause.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(0.05, lambda: os.close(fd)).start()
+    assert pause.holder() is None
+
+
 def test_wait_if_paused_sleeps_until_the_pause_file_goes(tmp_path):
     import threading
 

@@ -31,6 +31,7 @@ PAUSE_FILE = "PAUSE"          # in a long job's output folder: pause it by hand
 HOLD_FILE = "benchmark.pid"   # in the cache folder: the pid of a benchmark that holds the machine (messages)
 LOCK_FILE = "benchmark.lock"  # in the cache folder: share-locked by every running benchmark
 POLL_S = 2.0
+PROBES = 5                    # lock tries 10 ms apart before a job counts the machine as held
 _holds = 0                    # hold_machine blocks open in this process: it never waits for itself
 
 
@@ -64,10 +65,14 @@ def _held_elsewhere() -> bool:
     except OSError:  # no lock file: no benchmark has run here
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
+        for _ in range(PROBES):  # another long job's probe holds it for microseconds: try again
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.01)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
         return True
     finally:
         os.close(fd)
@@ -91,7 +96,10 @@ def hold_machine():
     fd, mine = None, False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.parent / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path.parent / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # a read-only cache whose lock file exists: a read-only descriptor locks too
+            fd = os.open(path.parent / LOCK_FILE, os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_SH)
         pid = _recorded_pid()
         if pid is None or (pid != os.getpid() and not _alive(pid)):

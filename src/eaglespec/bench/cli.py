@@ -18,7 +18,7 @@ from ..core.config import SamplingParams
 from ..engine.compiled_cache import weights_digest
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
-from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, parse_depths
+from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, LoopMethod, Method, build_methods, check_llamacpp, parse_depths
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
@@ -124,6 +124,22 @@ def run_journaled(gen, questions: list[Question], methods: list[Method], out: Pa
     return result, summary, meta
 
 
+def prompt_contexts(gen, questions: list[Question], turns: int, dataset: str, chat_template: bool,
+                    max_new_tokens: int) -> tuple[int, ...]:
+    """The longest sequence (prompt + new tokens) each prompt of the run can make: a first turn's
+    own length, a second turn's bounded by both user turns and a first answer of max_new_tokens."""
+    if not gen.target.steps.builds_steps:
+        return ()
+    out = []
+    for q in questions:
+        messages = []
+        for t in range(min(turns, len(q.turns))):
+            messages.append({"role": "user", "content": user_message(q, t, dataset, chat_template)})
+            out.append(len(gen.encode(messages=messages, chat_template=chat_template)) + (t + 1) * max_new_tokens)
+            messages.append({"role": "assistant", "content": ""})
+    return tuple(out)
+
+
 def cmd_bench(args) -> int:
     from ..cli.options import load_generator, sampling_mode
 
@@ -132,7 +148,7 @@ def cmd_bench(args) -> int:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
     chains = parse_depths(args.chain)
     questions = load_questions(args.dataset, args.limit)
-    gguf = check_llamacpp(args.methods, args.target)  # before minutes of loading and compiling
+    gguf = check_llamacpp(args.methods, args.target, sampling.greedy)  # before minutes of loading and compiling
     gen = load_generator(args)
     if gen.target.tokenizer is None:
         raise EagleError(f"target {gen.target.name} has no tokenizer: bench needs one to encode the questions")
@@ -145,6 +161,9 @@ def cmd_bench(args) -> int:
 def _bench(args, gen, questions: list[Question], methods: list[Method], notes: list[str], sampling: SamplingParams) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    # the compiled path builds a set of graphs per cache size: build them all now, not inside a timing
+    contexts = prompt_contexts(gen, questions, args.turns, args.dataset, not args.no_chat_template, args.max_new_tokens)
+    gen.warm(contexts, trees=tuple(m.tree for m in methods if isinstance(m, LoopMethod) and m.tree is not None))
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     head = args.head + (f" ({gen.head_note})" if gen.head_note else "")
     meta = run_metadata(

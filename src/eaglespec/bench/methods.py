@@ -5,6 +5,7 @@ synchronised on a GPU, prefill included) and its tokens are the generated ids it
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Protocol
@@ -179,20 +180,28 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
     return methods, notes
 
 
-def check_llamacpp(names: str, target: str | None) -> Path | None:
-    """When --methods names a llama.cpp method: check that llama.cpp is built and that the target
-    is a .gguf file, in one line each, before the target loads; -> that file (None otherwise)."""
-    if not any(_ALIASES.get(n, n) in (LLAMA_CPP, LLAMA_CPP_F32) for n in split_methods(names)):
+def check_llamacpp(names: str, target: str | None, greedy: bool = True) -> Path | None:
+    """When --methods names a llama.cpp method that will run (greedy): check that llama.cpp is built
+    (with llama-quantize when the F32 copy is still to be made) and that the target is a .gguf
+    file, in one line each, before the target loads; -> that file (None otherwise)."""
+    wanted = {_ALIASES.get(n, n) for n in split_methods(names)} & {LLAMA_CPP, LLAMA_CPP_F32}
+    if not wanted or not greedy:
         return None
     from ..engine.target import resolve_target
-    from ..interop.build_llamacpp import server
+    from ..interop.build_llamacpp import ROOT_ENV, binary, server
+    from ..interop.llamacpp import f32_path
 
     server()
     folder, gguf = resolve_target(target)
     if gguf is None:
         raise EagleError(f"the llama.cpp methods run llama.cpp on the target's .gguf file, and {target} is a Hugging Face "
                          "folder: pass --target FILE.gguf, or leave the llama.cpp methods out")
-    return Path(folder) / gguf
+    path = Path(folder) / gguf
+    tool = binary("llama-quantize")
+    if LLAMA_CPP_F32 in wanted and not f32_path(path).is_file() and not os.access(tool, os.X_OK):
+        raise EagleError(f"{LLAMA_CPP_F32} needs {tool} to make its F32 copy: run `python -m "
+                         f"eaglespec.interop.build_llamacpp` again (it adds it to the build), or set {ROOT_ENV}")
+    return path
 
 
 def _llama_method(name: str, gguf: Path | None, servers: contextlib.ExitStack | None) -> Method:
@@ -209,7 +218,8 @@ def _llama_method(name: str, gguf: Path | None, servers: contextlib.ExitStack | 
     threads = torch.get_num_threads()
     running = servers.enter_context(LlamaServer(model, binary=binary, threads=threads))
     method = LlamaCppMethod(running, name)
-    method.spec = f"llama-server {model.name}, {threads} threads, greedy"  # no port: a resumed run compares it
+    # no port nor cache path: a resumed run compares it
+    method.spec = f"llama-server {'an F32 copy of ' if name == LLAMA_CPP_F32 else ''}{Path(gguf).name}, {threads} threads, greedy"
     return method
 
 

@@ -22,7 +22,7 @@ class TreeBuffers:
     tree_mask: torch.Tensor  # [N, N] bool, tree_mask[i, j] = j is i or an ancestor of i
     tree_position_ids: torch.Tensor  # [N] long, depth of each node (root = 0)
     retrieve_indices: torch.Tensor  # [L, D+1] long, root-to-leaf paths by leaf index, -1 padded
-    leaf: tuple[bool, ...] = ()  # leaf[i]: node i has no children (read per step on the host: a tuple)
+    leaf: tuple[bool, ...]  # leaf[i]: node i has no children (read per step on the host: a tuple)
 
 
 def _check_parents(parents: torch.Tensor) -> None:

@@ -36,6 +36,7 @@ cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/ben
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -341,7 +342,7 @@ class CompiledHeadSteps:
         self.module = _HeadStep(head).eval()
         # packages are named by the head's weights: another head of the same kind (a retrained or a
         # new shipped one) must never load this one's frozen weights
-        self.tag = f"h{head.kind}-{weights_digest(head)}"
+        self.tag = f"h{head.kind}-{owner.digest(head)}"
         self._scores: tuple[object, str, _DraftScores] | None = None  # (lm, its tag, module)
 
     def new_rows(self, rows: int) -> StaticRows:
@@ -379,7 +380,9 @@ class CompiledHeadSteps:
             return lm.logprobs(out)
         if self._scores is None or self._scores[0] is not lm:
             module = _DraftScores(lm).eval()
-            self._scores = (lm, f"d{self.head.kind}-{weights_digest(module)}", module)
+            # the target's own LM head (no draft vocabulary) is named by the folder's key already
+            whole = lm.weight.data_ptr() == self.target.lm_head.weight.data_ptr()
+            self._scores = (lm, f"d{self.head.kind}-{'target' if whole else self.owner.digest(module)}", module)
         _, tag, module = self._scores
         rb, q = bucket(b, BATCH_BUCKETS), bucket(e, QUERY_BUCKETS)
         args = (_padded(out.to(self.dtype), rb, q),)
@@ -415,12 +418,18 @@ class CompiledSteps:
         self.stats = CompileStats()
         self._runners: dict[tuple, object] = {}
         self._untied: torch.nn.Module | None = None
+        self._digests: dict[tuple, str] = {}  # weights_digest by the module's tensors (a drafter per tree asks again)
         # a fixed, small set of graphs per process; dynamo's default limit of 8 would fall back to eager
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
 
     def start_rows(self, cache, lens: list[int], slots: int) -> StaticRows:
         return StaticRows.from_dynamic(cache, lens, slots)
+
+    @staticmethod
+    def cache_bucket(slots: int) -> int:
+        """The static cache size a sequence of `slots` slots runs in (a set of graphs per size)."""
+        return bucket(slots, CACHE_BUCKETS)
 
     def tree_sizes(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
         """Of the draft-node counts --tree auto may measure, those whose tree (root included) fills a
@@ -446,6 +455,13 @@ class CompiledSteps:
             self._untied.load_state_dict(lm.state_dict())
             self._untied.requires_grad_(False)
         return self._untied
+
+    def digest(self, module: torch.nn.Module) -> str:
+        """weights_digest(module), once per set of tensors (by their storage, shape and dtype)."""
+        key = tuple((name, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in module.state_dict().items())
+        if key not in self._digests:
+            self._digests[key] = weights_digest(module)
+        return self._digests[key]
 
     def head_steps(self, head) -> CompiledHeadSteps:
         return CompiledHeadSteps(self, head, self.target)
@@ -592,6 +608,9 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
             note = "; ".join(n for n in (note, stale_note(root)) if n)
     except OSError as exc:
         return None, f"compiled graphs not kept: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
+    for old in folder.glob("step-*-heagle[13]*.pt2"):  # named by kind alone (before 2026-12-01): never loaded
+        if re.fullmatch(r"step-\d+x\d+x\d+-heagle[13](-noautotune)?\.pt2", old.name):
+            old.unlink(missing_ok=True)
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     users = env and env not in _SET_BY_US and os.path.abspath(env) != os.path.abspath(default_cache_dir())
     path = str(folder / "inductor")

@@ -49,7 +49,7 @@ def weights_digest(module) -> str:
     h = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
         h.update(name.encode())
-        h.update(tensor.detach().float().cpu().numpy().tobytes())
+        h.update(memoryview(tensor.detach().float().cpu().contiguous().numpy()))
     return h.hexdigest()[:16]
 
 

@@ -10,6 +10,7 @@ entries and features are kept, and the target's next token (bonus or recovered) 
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -195,19 +196,33 @@ class EagleGenerator:
         return gen
 
     @torch.no_grad()
-    def warm(self) -> None:
+    def warm(self, contexts: tuple[int, ...] = (), trees: tuple = ()) -> None:
         """Where the backend builds its steps (the compiled path), build or load now every step the
         first requests will run: vanilla and each tree --tree auto may move between (a package
         loads in about a second; building one takes minutes), so that no generation pays for it.
-        Eager: nothing to do."""
-        if not self.target.steps.builds_steps:
+        contexts: also for each cache size these requests will need (prompt + new tokens; the
+        backend's `cache_bucket` groups them: one warm-up per bucket). trees: more trees to warm
+        (a benchmark's methods). Eager: nothing to do."""
+        steps = self.target.steps
+        if not steps.builds_steps:
             return
         prompt = list(range(1, 9))
-        trees = [t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]
+        trees = [*([t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]), *trees]
+        drafts = [t for t in dict.fromkeys(trees) if t is not None and (self.head is not None or self.drafter is not None)]
+        sizes = {steps.cache_bucket(len(prompt) + 3)}
+        lengths = {steps.cache_bucket(c): c for c in sorted(contexts, reverse=True)}  # one context per bucket
+        for cap, context in sorted(lengths.items()):
+            if cap in sizes:
+                continue
+            sizes.add(cap)
+            budget = max(context - len(prompt), 3)  # the cache is sized for the whole budget: a few steps build it
+            for tree in [None, *drafts]:
+                for _ in itertools.islice(self.stream(prompt, budget, tree=tree, speculative=tree is not None,
+                                                      stop_token_ids=set()), 3):
+                    pass
         self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
-        for tree in trees:
-            if tree is not None and (self.head is not None or self.drafter is not None):
-                self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
+        for tree in drafts:
+            self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True,

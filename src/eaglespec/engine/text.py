@@ -15,8 +15,8 @@ class TextStream:
 
     Decoding is incremental (the scheme of vLLM's and TGI's detokenizers): the new ids are decoded
     together with the few before them (from `_context` on) and only the text past those is added,
-    so a step costs the same at token 5 and at token 5,000 (a whole-prefix decode per step made a
-    long reply quadratic). The ids before the new ones give the new text its leading spaces and
+    so a step decodes a window of a few tokens at token 5 and at token 5,000 (a whole-prefix
+    decode per step made a long reply quadratic). The ids before the new ones give the new text its leading spaces and
     complete its multi-byte characters as a whole decode would; tests/test_text.py checks the
     result against whole decodes on the real tokenizer. With `token_ends`, `push` also records
     where each pushed token's text ends (`ends`), for the server's token-origin extension."""
@@ -34,12 +34,16 @@ class TextStream:
         self._done = 0       # ids whose text is in _full
         self._context = 0    # ids[_context:_done] are decoded again before new ones
 
-    def _upto(self, j: int) -> str:
-        """The text of ids[:j] (j >= _done), decoded from the context on; may end in U+FFFD."""
+    def _upto(self, j: int, head: int) -> str:
+        """The text of ids[:j] (j >= _done), decoded from the context on; may end in U+FFFD.
+        head: len(self._head())."""
         if j == self._done:
             return self._full
-        head = self.decode(self.ids[self._context:self._done]) if self._context < self._done else ""
-        return self._full + self.decode(self.ids[self._context:j])[len(head):]
+        return self._full + self.decode(self.ids[self._context:j])[head:]
+
+    def _head(self) -> str:
+        """The text of the context ids, ids[_context:_done], decoded alone."""
+        return self.decode(self.ids[self._context:self._done]) if self._context < self._done else ""
 
     def push(self, tokens: list[int]) -> str:
         if self.stopped:
@@ -47,9 +51,10 @@ class TextStream:
             return ""
         start = len(self.ids)
         self.ids.extend(tokens)
+        head = len(self._head())
         if self.token_ends:  # an incomplete UTF-8 character belongs to the token that completes it
-            self.ends = [len(self._upto(j).rstrip("\ufffd")) for j in range(start + 1, len(self.ids) + 1)]
-        text = self._upto(len(self.ids))
+            self.ends = [len(self._upto(j, head).rstrip("\ufffd")) for j in range(start + 1, len(self.ids) + 1)]
+        text = self._upto(len(self.ids), head)
         if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
             return ""
         if len(text) > len(self._full):  # new text: the ids so far become the next push's context
@@ -65,7 +70,7 @@ class TextStream:
     def flush(self) -> str:
         """The held-back rest, at the end of generation."""
         if not self.stopped:
-            self.text = self._upto(len(self.ids))
+            self.text = self._upto(len(self.ids), len(self._head()))
         return self._take(len(self.text))
 
     def _take(self, end: int) -> str:

@@ -211,7 +211,10 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self._log = open(self.log_path, "ab") if self.log_path else tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        # a session of its own: a Ctrl-Z / fg of the terminal would otherwise SIGCONT a server that a
+        # benchmark keeps stopped between its requests (pause), and it would poll on every core
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                     start_new_session=True)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -336,14 +339,25 @@ class LlamaCppMethod:
         return Record(c.token_ids, c.engine_s)
 
 
+def f32_path(source: Path, root: Path | None = None) -> Path:
+    """Where the F32 copy of `source` is kept: named by the source's resolved path, size and
+    modification time, so that two files of one name and size (two fine-tunes quantized alike)
+    never share a copy, and a file rewritten in place gets a new one."""
+    import hashlib
+
+    source = Path(source).resolve()
+    st = source.stat()
+    key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return (root or default_root()) / "gguf" / f"{source.stem}-{key}.F32.gguf"
+
+
 def f32_gguf(source: Path, root: Path | None = None) -> Path:
     """An F32 copy of a quantized GGUF, made once by llama.cpp's own `llama-quantize --allow-requantize
     ... F32` (every tensor dequantized to float32: the values eaglespec's fp32 target holds after
-    transformers' dequantization of the same file) and kept in the llama.cpp folder, keyed by the
-    source's name and size."""
+    transformers' dequantization of the same file) and kept in the llama.cpp folder (`f32_path`)."""
     source = Path(source)
     root = root or default_root()
-    out = root / "gguf" / f"{source.stem}-{source.stat().st_size}.F32.gguf"
+    out = f32_path(source, root)
     if out.is_file():
         return out
     tool = binary("llama-quantize", root)

@@ -199,7 +199,7 @@ class Engine:
             if job.cancelled.is_set():
                 continue
             job.emit(Started(time.perf_counter() - job.submitted))
-            r = _Running(job, TextStream(self.decode, job.stop, token_ends=job.token_origin), self.decode,
+            r = _Running(job, TextStream(self.decode, job.stop, token_ends=job.token_origin),
                          self.speculative and job.speculative)
             try:
                 seq, first = batch.add(job.input_ids, job.max_tokens, job.sampling, self.generator.eos_token_ids(),
@@ -220,8 +220,8 @@ class Engine:
 class _Running:
     """A job in the batch: its text so far and its statistics."""
 
-    def __init__(self, job: Job, text: TextStream, decode, speculative: bool):
-        self.job, self.text, self.decode, self.speculative = job, text, decode, speculative
+    def __init__(self, job: Job, text: TextStream, speculative: bool):
+        self.job, self.text, self.speculative = job, text, speculative
         self.result = GenerationResult(prompt_tokens=len(job.input_ids))
         self.spans = TokenSpans() if job.token_origin else None
         self.start = time.perf_counter()
