@@ -206,21 +206,18 @@ def check_llamacpp(names: str, target: str | None, greedy: bool = True) -> Path 
 
 def _llama_method(name: str, gguf: Path | None, servers: contextlib.ExitStack | None) -> Method:
     """llama.cpp's vanilla decoding on this machine's threads, of the target's GGUF or its F32 copy."""
-    from ..interop.build_llamacpp import server
     from ..interop.llamacpp import LlamaCppMethod, LlamaServer, f32_gguf
 
     if gguf is None:
         raise EagleError(f"method {name!r} needs the target's .gguf file (check_llamacpp)")
     if servers is None:
         raise EagleError(f"method {name!r} needs a place to keep its llama-server (build_methods(servers=...))")
-    binary = server()  # a one-line error when llama.cpp is not built
     model = f32_gguf(gguf) if name == LLAMA_CPP_F32 else Path(gguf)
     threads = torch.get_num_threads()
-    running = servers.enter_context(LlamaServer(model, binary=binary, threads=threads))
-    method = LlamaCppMethod(running, name)
-    # no port nor cache path: a resumed run compares it
-    method.spec = f"llama-server {'an F32 copy of ' if name == LLAMA_CPP_F32 else ''}{Path(gguf).name}, {threads} threads, greedy"
-    return method
+    running = servers.enter_context(LlamaServer(model, threads=threads))  # its binary: build_llamacpp.server()
+    # the spec names no port nor cache path: a resumed run compares it
+    copy = "an F32 copy of " if name == LLAMA_CPP_F32 else ""
+    return LlamaCppMethod(running, name, spec=f"llama-server {copy}{Path(gguf).name}, {threads} threads, greedy")
 
 
 def split_methods(text: str) -> list[str]:

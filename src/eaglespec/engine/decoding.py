@@ -209,12 +209,11 @@ class EagleGenerator:
         prompt = list(range(1, 9))
         trees = [*([t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]), *trees]
         drafts = [t for t in dict.fromkeys(trees) if t is not None and (self.head is not None or self.drafter is not None)]
-        sizes = {steps.cache_bucket(len(prompt) + 3)}
-        lengths = {steps.cache_bucket(c): c for c in sorted(contexts, reverse=True)}  # one context per bucket
-        for cap, context in sorted(lengths.items()):
-            if cap in sizes:
+        built = {steps.cache_bucket(len(prompt) + 3)}  # the short generations at the end build this one
+        for context in sorted(contexts, reverse=True):  # the longest context of each bucket
+            if steps.cache_bucket(context) in built:
                 continue
-            sizes.add(cap)
+            built.add(steps.cache_bucket(context))
             budget = max(context - len(prompt), 3)  # the cache is sized for the whole budget: a few steps build it
             for tree in [None, *drafts]:
                 for _ in itertools.islice(self.stream(prompt, budget, tree=tree, speculative=tree is not None,

@@ -16,8 +16,8 @@ class TextStream:
     Decoding is incremental (the scheme of vLLM's and TGI's detokenizers): the new ids are decoded
     together with the few before them (from `_context` on) and only the text past those is added,
     so a step decodes a window of a few tokens at token 5 and at token 5,000 (a whole-prefix
-    decode per step made a long reply quadratic). The ids before the new ones give the new text its leading spaces and
-    complete its multi-byte characters as a whole decode would; tests/test_text.py checks the
+    decode per step made a long reply quadratic). The ids before the new ones give the new text
+    its leading spaces and complete its multi-byte characters as a whole decode would; tests/test_text.py checks the
     result against whole decodes on the real tokenizer. With `token_ends`, `push` also records
     where each pushed token's text ends (`ends`), for the server's token-origin extension."""
 

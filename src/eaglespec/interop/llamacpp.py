@@ -318,9 +318,9 @@ class LlamaCppMethod:
     greedy_only = True
     depth = 0
 
-    def __init__(self, server: LlamaServer, name: str, pause_between: bool = True):
+    def __init__(self, server: LlamaServer, name: str, pause_between: bool = True, spec: str | None = None):
         self.server, self.name, self.pause_between = server, name, pause_between
-        self.spec = " ".join(server.cmd[1:])
+        self.spec = spec or " ".join(server.cmd[1:])
         self.completions: list[Completion] = []
         if pause_between:
             server.pause()
