@@ -103,6 +103,9 @@ def test_capture_stores_the_fused_layers_and_training_checks_them(target, tmp_pa
     torch.testing.assert_close(data[3].hidden, states.hidden[0])
     torch.testing.assert_close(data[3].features, states.features[0])
     train(target, data, eagle3_config(max_steps=2), tmp_path / "head", progress=False)
+    features_only = FeatureDataset(tmp_path / "cap", hidden=False)  # what an EAGLE-1 run reads of it
+    assert features_only[3].hidden is None and features_only.layers == (1, 1, 0)
+    torch.testing.assert_close(features_only[3].features, data[3].features)
     with pytest.raises(EagleError, match="capture with --aux-layers 1,0,1"):
         Trainer(target, data, eagle3_config(aux_layers="1,0,1"), tmp_path / "other", progress=False)
     plain = capture(target, CaptureConfig(data="synthetic"), tmp_path / "plain", examples=examples, progress=False)

@@ -221,10 +221,13 @@ def _peak_rss_mb() -> int:
 
 class FeatureDataset:
     """The examples of a capture directory, read lazily (only the rows asked for). An unfinished
-    capture is refused unless `partial`: then its complete shards are used."""
+    capture is refused unless `partial`: then its complete shards are used. hidden=False leaves a
+    capture's fused layers unread (an EAGLE-1 head needs only the features: a quarter of the
+    bytes of a capture made with --aux-layers)."""
 
-    def __init__(self, directory: str | os.PathLike, partial: bool = False):
+    def __init__(self, directory: str | os.PathLike, partial: bool = False, hidden: bool = True):
         self.directory = Path(directory).expanduser()
+        self.read_hidden = hidden
         self.manifest = read_manifest(self.directory)
         if not self.manifest["complete"] and not (partial and self.manifest["shards"]):
             raise EagleError(f"capture in {self.directory} is incomplete ({self.manifest['examples']} examples so far): "
@@ -269,7 +272,7 @@ class FeatureDataset:
     def __getitem__(self, index: int) -> Sample:
         handle, a, b = self._rows(index)
         input_ids, loss_mask = self.tokens(index)
-        hidden = handle.get_slice("hidden")[a:b] if self.layers else None
+        hidden = handle.get_slice("hidden")[a:b] if self.layers and self.read_hidden else None
         return Sample(input_ids, loss_mask, handle.get_slice("features")[a:b], hidden)
 
 

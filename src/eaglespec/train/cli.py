@@ -133,7 +133,7 @@ def _train(args, config: TrainConfig, data: DataConfig, dist) -> int:
         if data != DataConfig():
             raise EagleError("--data, --max-examples, --max-length and --overflow choose the data of --online; "
                              "with --capture-dir the capture fixed them (recapture to change them)")
-        dataset = FeatureDataset(args.capture_dir, partial=args.partial)
+        dataset = FeatureDataset(args.capture_dir, partial=args.partial, hidden=config.head == "eagle3")
         target = _load_target(args)
         info = {"source": "capture", "tokens": dataset.manifest["tokens"],  # no paths: heads get shipped
                 "capture_options": dataset.manifest["options"], "capture_summary": dataset.manifest["summary"]}
