@@ -131,3 +131,85 @@ def test_the_formats_table_runs_every_format_side_by_side():
     assert rows[0]["speedup_vs_fp32_vanilla"] == 1.0 and rows[1]["identical"] == "2/2" and rows[3]["identical"] == "2/2"
     meta = {"command": "x", "cpu": "c", "threads": 1, "prompts": 2, "max_new_tokens": 8}
     assert "| int8 | eagle |" in markdown(rows, meta)
+
+
+def test_tree_limit_is_none_only_where_every_measured_size_is_exact():
+    row = lambda q, exact: Invariance(q, 0.0 if exact else 1.0, True, exact)  # noqa: E731
+    assert NumericsReport("float32", (row(1, True), row(2, True), row(4, True), row(8, True))).tree_limit() is None
+    assert NumericsReport("float32", (row(1, True), row(2, True), row(4, False), row(8, True))).tree_limit() == 2
+    assert NumericsReport("bfloat16", (row(1, True), row(2, False))).tree_limit() == 1
+
+
+class RoundingSteps:
+    """Stands in for compiled kernels that round a q-token step otherwise than a single-token one
+    (as bf16 GEMMs blocked by the row count do): a q > 1 step's logits move by 1% of their scale."""
+
+    name = kernels = "rounding-test-kernels"
+    builds_steps = True
+    invariance_sizes = (1, 2, 4, 8)
+
+    def __init__(self, target):
+        from eaglespec.engine.target import EagerSteps
+
+        self.eager = EagerSteps(target)
+
+    def __getattr__(self, name):
+        return getattr(self.eager, name)
+
+    @staticmethod
+    def cache_bucket(slots):
+        return 512
+
+    def verify_rows(self, input_ids, rows, tree_mask, positions, sizes, layers=None):
+        states, logits = self.eager.verify_rows(input_ids, rows, tree_mask, positions, sizes, layers)
+        return states, [x + 0.01 * x.abs().max() if x.shape[0] > 1 else x for x in logits]
+
+
+def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypatch):
+    """dtype and trees were once checked on the eager kernels before the compiled step was put in:
+    a compiled step that rounds q-token steps otherwise would have verified trees inexactly."""
+    from conftest import tiny_model
+    from tiny_tokenizer import tiny_tokenizer
+
+    from eaglespec.draft.head import EagleHead
+    from eaglespec.draft.vocab import save_draft_vocab
+    from eaglespec.engine import compiled
+    from eaglespec.engine.tuning import AcceptanceStats
+
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", vocab_size=len(tok), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    EagleHead(model.config).save_pretrained(tmp_path / "head")
+    save_draft_vocab(tmp_path / "head", torch.arange(len(tok)))
+    AcceptanceStats(((0.9, 0.5), (0.9, 0.5)), steps=10).save(tmp_path / "head")
+
+    def load(compile):  # dtype auto measures the eager kernels (fp32 only: no bf16 candidate)
+        return EagleGenerator.from_pretrained(str(tmp_path / "model"), str(tmp_path / "head"), "auto",
+                                              dtype="auto", compile=compile)
+
+    monkeypatch.setattr("eaglespec.engine.target.native_bf16_cpu", lambda: False)
+    assert load("off").tree is not None  # eager fp32: trees verify exactly, and pay at this acceptance
+
+    def rounding(target, mode="auto", progress=True):
+        target.steps = RoundingSteps(target)
+        return "rounding test kernels"
+
+    monkeypatch.setattr(compiled, "use_compiled", rounding)
+    gen = load("on")
+    assert isinstance(gen.target.steps, RoundingSteps)
+    assert gen.tree is None and "no tree verifies exactly" in gen.head_note
+    assert [r.exact for r in gen.numerics.rows] == [True, False, False, False]
+
+
+def test_an_untuned_head_gets_eagle1s_tree_only_where_it_verifies_exactly():
+    from eaglespec.core.config import parse_tree
+    from eaglespec.engine.tuning import use_auto_tree
+
+    target = tiny_target("llama", dtype=torch.float32)
+    gen = EagleGenerator(target, random_head(target), "eagle1")  # no head folder: no acceptance.json
+    use_auto_tree(gen)
+    assert gen.tree.paths == parse_tree("eagle1").paths and "no acceptance.json" in gen.head_note
+    gen.head_note = ""
+    use_auto_tree(gen, max_tokens=8)  # trees of more than 8 tokens measured inexact
+    assert gen.tree is None and "EAGLE-1's tree does not verify exactly" in gen.head_note

@@ -402,6 +402,8 @@ class CompiledSteps:
 
     name = "compiled"
     builds_steps = True  # each step is a graph built or loaded on first use: EagleGenerator.warm does it at start
+    # the query sizes whose batch invariance gates --tree auto here (numerics.numerics_for)
+    invariance_sizes = tuple(b for b in QUERY_BUCKETS if b <= AUTO_TOKENS)
 
     @property
     def kernels(self) -> str:

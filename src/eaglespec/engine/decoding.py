@@ -160,9 +160,11 @@ class EagleGenerator:
         numerics, numerics_note = None, ""
         if dtype == "auto":
             tm, numerics, numerics_note = choose_dtype(tm, device, retune)
-        elif tree == "auto" and head is not None:
-            numerics = numerics_for(tm, retune=retune)
         compile_note = use_compiled(tm, compile)
+        if tree == "auto" and head is not None and (numerics is None or tm.steps.builds_steps):
+            # what gates the trees is the kernels that verify them: choose_dtype measured the eager
+            # ones, and a compiled step rounds otherwise (measured on its own query buckets)
+            numerics = numerics_for(tm, retune=retune)
         note = ""
         if head is None:
             gen = cls(tm, None, "none" if tree == "auto" else tree)
@@ -190,7 +192,7 @@ class EagleGenerator:
         gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
         gen.inexact_trees = allow_inexact
         if tree == "auto":
-            limit = None if allow_inexact or numerics is None else numerics.largest_exact()
+            limit = None if allow_inexact or numerics is None else numerics.tree_limit()
             use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
         gen.warm()
         return gen

@@ -61,6 +61,13 @@ class NumericsReport:
             best = r.size
         return best
 
+    def tree_limit(self) -> int | None:
+        """The most tokens a tree may verify at once, or None where every measured size is exact
+        (the compiled step is measured on its query buckets up to --tree auto's largest: what lies
+        beyond, EAGLE-1's tree for a head that was never tuned, is taken on trust)."""
+        best = self.largest_exact()
+        return None if best == max(r.size for r in self.rows) else best
+
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "rows": [asdict(r) for r in self.rows]}
 
@@ -132,9 +139,12 @@ def check_dtype_runs(name: str, device: str) -> None:
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 65)  # q = tree nodes + root, up to tuning's largest tree
 
 
-def numerics_for(target, sizes=SIZES, retune: bool = False) -> NumericsReport:
-    """`measure_invariance` for this target, cached beside the cost curves (files.cache_dir),
-    keyed by the machine, software, threads, weights, dtype and quantization."""
+def numerics_for(target, sizes=None, retune: bool = False) -> NumericsReport:
+    """`measure_invariance` for this target on its decoding step's kernels (target.steps), cached
+    beside the cost curves (files.cache_dir), keyed by the machine, software, threads, weights,
+    dtype, quantization and kernels. sizes: by default the ones --tree auto may verify on those
+    kernels (the compiled step's query buckets, or SIZES)."""
+    sizes = tuple(sizes or getattr(target.steps, "invariance_sizes", None) or SIZES)
     import hashlib
     import json
 

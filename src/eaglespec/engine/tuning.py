@@ -501,16 +501,19 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int
     the cached cost curve (gen.tuned says what was chosen and why); EAGLE-1's tree, with a note,
     when the head has none. retune (or EAGLESPEC_RETUNE=1): measure the cost curve again."""
     stats = AcceptanceStats.load(gen.head_dir) if gen.head_dir is not None and gen.head is not None else None
-    if stats is None:
+    dtype = str(gen.target.dtype).removeprefix("torch.")
+    eagle1 = parse_tree("eagle1")
+    if stats is None and (max_tokens is None or eagle1.num_nodes + 1 <= max_tokens):
         note = "--tree auto: the head has no acceptance.json (run `eaglespec tune`), using EAGLE-1's tree"
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
-        gen.tree, gen.tuned = parse_tree("eagle1"), None
+        gen.tree, gen.tuned = eagle1, None
         return
     allowed = SIZES if max_tokens is None else tuple(n for n in SIZES if n + 1 <= max_tokens)
     sizes = gen.target.steps.tree_sizes(allowed)
-    if not sizes:  # not even one draft node verifies exactly in this dtype
-        note = (f"--tree auto: in {str(gen.target.dtype).removeprefix('torch.')} no tree verifies exactly on this "
-                "machine (numerics.py), so no drafts; --allow-inexact accepts rounding-level differences")
+    if stats is None or not sizes:  # not even one draft node (or, untuned, EAGLE-1's tree) verifies exactly
+        what = "no tree verifies" if not sizes else "the head has no acceptance.json and EAGLE-1's tree does not verify"
+        note = (f"--tree auto: in {dtype} {what} exactly on this machine (numerics.py), so no drafts; "
+                "--allow-inexact accepts rounding-level differences")
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
         gen.tree, gen.tuned = None, None
         return
@@ -518,6 +521,6 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int
                      max_batch=max_batch)
     if max_tokens is not None and max(allowed) < max(SIZES):
         gen.tuned = replace(gen.tuned, costs_source=f"{gen.tuned.costs_source}\ntrees up to {max(sizes)} draft nodes: "
-                            f"larger ones do not verify exactly in {str(gen.target.dtype).removeprefix('torch.')} here "
+                            f"larger ones do not verify exactly in {dtype} here "
                             "(--allow-inexact lifts this)")
     gen.tree = gen.tuned.tree
