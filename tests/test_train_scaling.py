@@ -90,3 +90,34 @@ def test_a_head_trained_but_not_recorded_is_not_trained_again(tmp_path):
     got = scaling.run(capture, out, tmp_path / "s.json", 2, [4], None, 0.01, train_main=fakes.train,
                       acceptance_main=fakes.acceptance)
     assert len(fakes.trained) == 1 and got["points"]["eagle1-4"]["held_out"] == {"kind": "eval", "acc_depth1": 0.0004}
+
+
+def test_levers_change_one_option_each_on_the_same_split_and_eagle3_trains_from_the_same_capture(tmp_path):
+    capture, out, results = tmp_path / "capture", tmp_path / "runs", tmp_path / "docs" / "scaling.json"
+    write_manifest(capture, 10, complete=True)
+    fakes = Fakes()
+    run = lambda: scaling.run(capture, out, results, 2, [4], None, 0.01, train_main=fakes.train,  # noqa: E731
+                              acceptance_main=fakes.acceptance, levers=["lr-3e-4", "loss-vocab-full"],
+                              lever_point=4, eagle3=0)
+    got = run()
+    base, lr, vocab, eagle3 = fakes.trained
+    value = lambda argv, flag: argv[argv.index(flag) + 1]  # noqa: E731
+    assert value(base, "--lr") == "6e-4" and value(lr, "--lr") == "3e-4" and lr.count("--lr") == 1
+    assert value(vocab, "--loss-vocab") == "49152" and value(vocab, "--lr") == "6e-4"
+    assert {value(a, "--eval-first") for a in fakes.trained} == {"2"}  # one held-out split for all
+    assert value(lr, "--train-examples") == "4" and value(eagle3, "--train-examples") == "8"  # 0: the whole capture
+    assert value(eagle3, "--head") == "eagle3" and value(eagle3, "--out").endswith("eagle3-8")
+    assert set(got["levers"]) == {"lr-3e-4", "loss-vocab-full"}
+    assert set(got["levers"]["lr-3e-4"]) == {"changes", "held_out", "mt-bench"}  # levers: MT-bench only
+    assert set(got["eagle3"]["eagle3-8"]) == {"train_examples", "held_out", "mt-bench", "humaneval-40", "tasks"}
+    assert all(value(a, "--compile") == "off" for a in fakes.measured)  # tau on the eager kernels
+    assert len(fakes.measured) == 3 + 2 + 3
+    assert json.loads(results.read_text()) == got and results.with_suffix(".png").stat().st_size > 0
+    run()  # all done: nothing again
+    assert len(fakes.trained) == 4 and len(fakes.measured) == 8
+
+
+def test_an_unknown_lever_is_one_line(tmp_path, capsys):
+    assert scaling.main(["--capture-dir", str(tmp_path), "--levers", "lr-3e-4,more-data"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown more-data" in err and "epochs-10" in err and len(err.strip().splitlines()) == 1

@@ -9,6 +9,14 @@ set (`bench.acceptance`, every output checked against vanilla). The results land
 (default docs/data/scaling.json) after every measurement, and the plot beside it is redrawn, so
 that a lost machine loses at most the point in progress. Every step resumes: training from its
 checkpoint, a measured set is not measured again.
+
+`--levers` trains variants of the recipe at one point (`--lever-point`, on the same split), one
+option changed each (LEVERS: epochs, peak learning rate, warm-up, the token loss's vocabulary,
+noise), and measures each on the held-out split and MT-bench, into the same file under "levers".
+`--eagle3 K` trains the EAGLE-3 head of point K (training-time test, EAGLE3_RECIPE) from the same
+capture, which must hold the fused layers (`capture --aux-layers auto`), measured like a point.
+Acceptance is measured on the eager kernels (`--compile off`): tau does not depend on them, and
+batched compiled graphs would cost minutes each to build.
 """
 
 from __future__ import annotations
@@ -33,6 +41,19 @@ RECIPE = ("--epochs", "5", "--lr", "6e-4", "--grad-accum", "4", "--warmup", "40"
 # (name, bench dataset, prompt limit): MT-bench tunes the study; HumanEval and our task set check it
 SETS = (("mt-bench", "mt-bench", None), ("humaneval-40", "humaneval", 40), ("tasks", "tasks", None))
 TREE = "eagle1"
+# One option changed each, at one point, measured on the same held-out split and on MT-bench.
+LEVERS = {
+    "epochs-10": ("--epochs", "10"),
+    "lr-3e-4": ("--lr", "3e-4"),
+    "lr-1.2e-3": ("--lr", "1.2e-3"),
+    "warmup-200": ("--warmup", "200"),
+    "noise-0": ("--noise", "0"),
+    "noise-0.2": ("--noise", "0.2"),
+    "loss-vocab-full": ("--loss-vocab", "49152"),  # every token of SmolLM2's vocabulary: the paper's loss
+}
+# EAGLE-3 (training-time test of 7 steps): the ablation's recipe (docs/training.md), the same 5 epochs.
+EAGLE3_RECIPE = ("--head", "eagle3", "--epochs", "5", "--lr", "1e-3", "--grad-accum", "4", "--warmup", "20",
+                 "--checkpoint-every", "25")
 
 
 def _wait_for_data(capture: Path, needed: int | None, poll_s: float) -> int:
@@ -68,8 +89,63 @@ def _held_out(head: Path) -> dict | None:
     return evals[-1] if evals else None
 
 
+def _recipe(base: tuple[str, ...], changes: tuple[str, ...]) -> list[str]:
+    """base with the options in changes (flag, value pairs) replaced or added."""
+    argv = list(base)
+    for flag, value in zip(changes[::2], changes[1::2]):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return argv
+
+
+def _train_and_measure(point: dict, save, capture: Path, head: Path, eval_first: int, k: int, recipe: list[str],
+                       sets, time_limit: float | None, train_main, acceptance_main) -> bool:
+    """Train `head` on examples eval_first .. eval_first + k with `recipe` (resuming), record its
+    held-out evaluation, then measure it on `sets`, saving after every step. -> False when
+    training stopped at its time limit (rerun to continue)."""
+    name = head.name
+    finished = (head / WEIGHTS).is_file() and not (head / CHECKPOINT).exists()  # trained, not yet saved here
+    if "held_out" not in point and not finished:
+        wait_if_paused(head, print)
+        argv = ["train", "--capture-dir", str(capture), "--partial", "--out", str(head),
+                "--eval-first", str(eval_first), "--train-examples", str(k), *recipe]
+        if time_limit is not None:
+            argv += ["--time-limit", str(time_limit)]
+        print(f"[scaling] training {name}: eaglespec {' '.join(argv[1:])}", flush=True)
+        try:
+            code = train_main(argv)
+        except SystemExit as exc:  # the train command's own one-line error, already printed
+            code = exc.code
+        if code != 0:
+            raise EagleError(f"training {name} failed (exit {code}); rerun to resume it")
+        if (head / CHECKPOINT).exists():  # stopped by --time-limit: continue in the next run
+            print(f"[scaling] {name} stopped at its time limit; rerun to continue", flush=True)
+            return False
+    if "held_out" not in point:
+        point["held_out"] = _held_out(head)
+        save()
+    for set_name, dataset, limit in sets:
+        if set_name in point:
+            continue
+        where = head.parent / f"{name}-{set_name}"
+        argv = ["--head", str(head), "--trees", TREE, "--dataset", dataset, "--out", str(where), "--compile", "off"]
+        if limit:
+            argv += ["--limit", str(limit)]
+        print(f"[scaling] measuring {name} on {set_name}", flush=True)
+        acceptance_main(argv)
+        row = json.loads((where / "results.json").read_text())["rows"][0]
+        if row["identical"] != row["prompts"]:
+            raise EagleError(f"{name} on {set_name}: an EAGLE output differs from vanilla's ({where})")
+        point[set_name] = {"tau": row["tau"], "n_alpha": row["n_alpha"], "prompts": row["prompts"]}
+        save()
+    return True
+
+
 def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, time_limit: float | None,
-        poll_s: float = 60.0, train_main=None, acceptance_main=None) -> dict:
+        poll_s: float = 60.0, train_main=None, acceptance_main=None, levers=(), lever_point: int = 1536,
+        eagle3: int | None = None) -> dict:
     from ..bench import acceptance
     from . import cli as train_cli
 
@@ -78,61 +154,57 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
     results = _load(results_path)
     results.setdefault("meta", {}).update({"capture": capture.name, "eval_first": eval_first, "recipe": list(RECIPE),
                                           "tree": TREE, "sets": [name for name, *_ in SETS]})
+    save = lambda: _save(results_path, results)  # noqa: E731
+    common = dict(time_limit=time_limit, train_main=train_main, acceptance_main=acceptance_main)
     for k in points:
         examples = _wait_for_data(capture, None if k == 0 else eval_first + k, poll_s)
         k = k or examples - eval_first
-        name = f"eagle1-{k}"
-        point = results["points"].setdefault(name, {"train_examples": k})
-        head = out / name
-        finished = (head / WEIGHTS).is_file() and not (head / CHECKPOINT).exists()  # trained, not yet saved here
-        if "held_out" not in point and not finished:
-            wait_if_paused(head, print)
-            argv = ["train", "--capture-dir", str(capture), "--partial", "--out", str(head),
-                    "--eval-first", str(eval_first), "--train-examples", str(k), *RECIPE]
-            if time_limit is not None:
-                argv += ["--time-limit", str(time_limit)]
-            print(f"[scaling] training {name}: eaglespec {' '.join(argv[1:])}", flush=True)
-            try:
-                code = train_main(argv)
-            except SystemExit as exc:  # the train command's own one-line error, already printed
-                code = exc.code
-            if code != 0:
-                raise EagleError(f"training {name} failed (exit {code}); rerun to resume it")
-            if (head / CHECKPOINT).exists():  # stopped by --time-limit: continue in the next run
-                print(f"[scaling] {name} stopped at its time limit; rerun to continue", flush=True)
+        point = results["points"].setdefault(f"eagle1-{k}", {"train_examples": k})
+        if not _train_and_measure(point, save, capture, out / f"eagle1-{k}", eval_first, k, list(RECIPE), SETS,
+                                  **common):
+            return results
+    if levers:
+        _wait_for_data(capture, eval_first + lever_point, poll_s)
+        results["meta"]["lever_point"] = lever_point
+        for name in levers:
+            lever = results.setdefault("levers", {}).setdefault(name, {"changes": list(LEVERS[name])})
+            if not _train_and_measure(lever, save, capture, out / f"eagle1-{lever_point}-{name}", eval_first,
+                                      lever_point, _recipe(RECIPE, LEVERS[name]), SETS[:1], **common):
                 return results
-        if "held_out" not in point:
-            point["held_out"] = _held_out(head)
-            _save(results_path, results)
-        for set_name, dataset, limit in SETS:
-            if set_name in point:
-                continue
-            where = out / f"{name}-{set_name}"
-            argv = ["--head", str(head), "--trees", TREE, "--dataset", dataset, "--out", str(where)]
-            if limit:
-                argv += ["--limit", str(limit)]
-            print(f"[scaling] measuring {name} on {set_name}", flush=True)
-            acceptance_main(argv)
-            row = json.loads((where / "results.json").read_text())["rows"][0]
-            if row["identical"] != row["prompts"]:
-                raise EagleError(f"{name} on {set_name}: an EAGLE output differs from vanilla's ({where})")
-            point[set_name] = {"tau": row["tau"], "n_alpha": row["n_alpha"], "prompts": row["prompts"]}
-            _save(results_path, results)
+    if eagle3 is not None:
+        examples = _wait_for_data(capture, None if eagle3 == 0 else eval_first + eagle3, poll_s)
+        k = eagle3 or examples - eval_first
+        results["meta"]["eagle3_recipe"] = list(EAGLE3_RECIPE)
+        point = results.setdefault("eagle3", {}).setdefault(f"eagle3-{k}", {"train_examples": k})
+        if not _train_and_measure(point, save, capture, out / f"eagle3-{k}", eval_first, k, list(EAGLE3_RECIPE),
+                                  SETS, **common):
+            return results
     return results
 
 
 def plot(results: dict, path: Path) -> None:
+    """tau and depth-1 acceptance against training conversations (log x), EAGLE-3 points as stars;
+    with levers, a third panel: each lever's MT-bench tau and held-out depth-1 accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = sorted(results["points"].values(), key=lambda p: p["train_examples"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    eagle3 = sorted(results.get("eagle3", {}).values(), key=lambda p: p["train_examples"])
+    levers = {name: lever for name, lever in results.get("levers", {}).items() if "mt-bench" in lever}
+    fig, axes = plt.subplots(1, 3 if levers else 2, figsize=(15 if levers else 10, 4))
+    left, right = axes[0], axes[1]
     for set_name, *_ in SETS:
         xs = [p["train_examples"] for p in points if set_name in p]
-        left.plot(xs, [p[set_name]["tau"] for p in points if set_name in p], "o-", label=set_name)
+        line, = left.plot(xs, [p[set_name]["tau"] for p in points if set_name in p], "o-", label=set_name)
         right.plot(xs, [p[set_name]["n_alpha"][0] for p in points if set_name in p], "o-", label=set_name)
+        done = [p for p in eagle3 if set_name in p]
+        if done:
+            x3 = [p["train_examples"] for p in done]
+            left.plot(x3, [p[set_name]["tau"] for p in done], "*", ms=12, color=line.get_color(),
+                      label=f"{set_name}, EAGLE-3")
+            right.plot(x3, [p[set_name]["n_alpha"][0] for p in done], "*", ms=12, color=line.get_color())
     xs = [p["train_examples"] for p in points if p.get("held_out")]
     right.plot(xs, [p["held_out"]["acc_depth1"] for p in points if p.get("held_out")], "s--", color="gray",
                label="held-out ShareGPT (teacher-forced)")
@@ -142,7 +214,22 @@ def plot(results: dict, path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("EAGLE-1 heads for SmolLM2-135M-Instruct: one recipe, growing ShareGPT prefixes")
+    if levers:
+        ax = axes[2]
+        names = list(levers)
+        base = results["points"].get(f"eagle1-{results['meta'].get('lever_point')}", {})
+        if "mt-bench" in base:
+            names, levers = ["recipe", *names], {"recipe": base, **levers}
+        taus = [levers[n]["mt-bench"]["tau"] for n in names]
+        ax.barh(range(len(names)), taus, 0.6, color=["gray" if n == "recipe" else "C0" for n in names])
+        for y, n in enumerate(names):  # the held-out accuracy beside each bar
+            ax.text(taus[y], y, f" {levers[n]['held_out']['acc_depth1']:.3f}", va="center", fontsize=8)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_xlim(min(taus) - 0.15, max(taus) + 0.15)
+        ax.set_xlabel("MT-bench tau (label: held-out depth-1 accuracy)")
+        ax.set_title(f"one option changed, at {results['meta'].get('lever_point')} conversations", fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle("EAGLE heads for SmolLM2-135M-Instruct: one recipe, growing ShareGPT prefixes")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -159,10 +246,19 @@ def main(argv=None) -> int:
                    help="training conversations per point, 0 = all (default %(default)s)")
     p.add_argument("--time-limit", type=float, default=None, help="minutes of training per run (then rerun)")
     p.add_argument("--poll", type=float, default=60.0, help="seconds between looks at a growing capture")
+    p.add_argument("--levers", default="", help=f"after the points: recipe variants at --lever-point, 'all' or "
+                   f"names separated by commas ({', '.join(LEVERS)})")
+    p.add_argument("--lever-point", type=int, default=1536, help="training conversations of the levers (default 1536)")
+    p.add_argument("--eagle3", type=int, default=None, help="then an EAGLE-3 head at this point (0 = all)")
     args = p.parse_args(argv)
     try:
         points = [int(x) for x in args.points.split(",") if x.strip()]
-        run(args.capture_dir, args.out, args.results, args.eval_first, points, args.time_limit, args.poll)
+        levers = list(LEVERS) if args.levers == "all" else [x.strip() for x in args.levers.split(",") if x.strip()]
+        unknown = [x for x in levers if x not in LEVERS]
+        if unknown:
+            raise EagleError(f"--levers: unknown {', '.join(unknown)}; choose from {', '.join(LEVERS)} or all")
+        run(args.capture_dir, args.out, args.results, args.eval_first, points, args.time_limit, args.poll,
+            levers=levers, lever_point=args.lever_point, eagle3=args.eagle3)
     except (EagleError, ValueError) as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2
