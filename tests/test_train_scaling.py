@@ -121,3 +121,17 @@ def test_an_unknown_lever_is_one_line(tmp_path, capsys):
     assert scaling.main(["--capture-dir", str(tmp_path), "--levers", "lr-3e-4,more-data"]) == 2
     err = capsys.readouterr().err
     assert "unknown more-data" in err and "epochs-10" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_baseline_head_is_measured_once_on_the_same_sets(tmp_path):
+    capture, out, results = tmp_path / "capture", tmp_path / "runs", tmp_path / "s.json"
+    write_manifest(capture, 10)
+    fakes = Fakes()
+    run = lambda: scaling.run(capture, out, results, 2, [4], None, 0.01, train_main=fakes.train,  # noqa: E731
+                              acceptance_main=fakes.acceptance, baseline="smollm2-135m-instruct")
+    got = run()
+    heads = [a[a.index("--head") + 1] for a in fakes.measured]
+    assert heads[:3] == ["smollm2-135m-instruct"] * 3 and heads[3:] == [str(out / "eagle1-4")] * 3
+    assert set(got["baseline"]["smollm2-135m-instruct"]) == {"mt-bench", "humaneval-40", "tasks"}
+    run()
+    assert len(fakes.measured) == 6

@@ -126,26 +126,31 @@ def _train_and_measure(point: dict, save, capture: Path, head: Path, eval_first:
     if "held_out" not in point:
         point["held_out"] = _held_out(head)
         save()
+    _measure(point, save, str(head), head.parent / f"{name}-measured", sets, acceptance_main)
+    return True
+
+
+def _measure(point: dict, save, head: str, where: Path, sets, acceptance_main) -> None:
+    """`head` (a folder or a shipped head's name) on each of `sets` not yet in `point`, saving after each."""
     for set_name, dataset, limit in sets:
         if set_name in point:
             continue
-        where = head.parent / f"{name}-{set_name}"
-        argv = ["--head", str(head), "--trees", TREE, "--dataset", dataset, "--out", str(where), "--compile", "off"]
+        argv = ["--head", head, "--trees", TREE, "--dataset", dataset, "--out", str(where / set_name),
+                "--compile", "off"]
         if limit:
             argv += ["--limit", str(limit)]
-        print(f"[scaling] measuring {name} on {set_name}", flush=True)
+        print(f"[scaling] measuring {head} on {set_name}", flush=True)
         acceptance_main(argv)
-        row = json.loads((where / "results.json").read_text())["rows"][0]
+        row = json.loads((where / set_name / "results.json").read_text())["rows"][0]
         if row["identical"] != row["prompts"]:
-            raise EagleError(f"{name} on {set_name}: an EAGLE output differs from vanilla's ({where})")
+            raise EagleError(f"{head} on {set_name}: an EAGLE output differs from vanilla's ({where / set_name})")
         point[set_name] = {"tau": row["tau"], "n_alpha": row["n_alpha"], "prompts": row["prompts"]}
         save()
-    return True
 
 
 def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, time_limit: float | None,
         poll_s: float = 60.0, train_main=None, acceptance_main=None, levers=(), lever_point: int = 1536,
-        eagle3: int | None = None) -> dict:
+        eagle3: int | None = None, baseline: str | None = None) -> dict:
     from ..bench import acceptance
     from . import cli as train_cli
 
@@ -156,6 +161,9 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
                                           "tree": TREE, "sets": [name for name, *_ in SETS]})
     save = lambda: _save(results_path, results)  # noqa: E731
     common = dict(time_limit=time_limit, train_main=train_main, acceptance_main=acceptance_main)
+    if baseline:  # the head to beat, on the same sets (the ship rule: MT-bench and the second set)
+        _measure(results.setdefault("baseline", {}).setdefault(baseline, {}), save, baseline,
+                 out / f"baseline-{Path(baseline).name}", SETS, acceptance_main)
     for k in points:
         examples = _wait_for_data(capture, None if k == 0 else eval_first + k, poll_s)
         k = k or examples - eval_first
@@ -250,6 +258,8 @@ def main(argv=None) -> int:
                    f"names separated by commas ({', '.join(LEVERS)})")
     p.add_argument("--lever-point", type=int, default=1536, help="training conversations of the levers (default 1536)")
     p.add_argument("--eagle3", type=int, default=None, help="then an EAGLE-3 head at this point (0 = all)")
+    p.add_argument("--baseline", default=None, help="first measure this head (a folder or a shipped head's name, "
+                   "e.g. smollm2-135m-instruct) on the same sets: the head a point must beat to ship")
     args = p.parse_args(argv)
     try:
         points = [int(x) for x in args.points.split(",") if x.strip()]
@@ -258,7 +268,7 @@ def main(argv=None) -> int:
         if unknown:
             raise EagleError(f"--levers: unknown {', '.join(unknown)}; choose from {', '.join(LEVERS)} or all")
         run(args.capture_dir, args.out, args.results, args.eval_first, points, args.time_limit, args.poll,
-            levers=levers, lever_point=args.lever_point, eagle3=args.eagle3)
+            levers=levers, lever_point=args.lever_point, eagle3=args.eagle3, baseline=args.baseline)
     except (EagleError, ValueError) as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2
