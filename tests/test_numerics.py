@@ -147,6 +147,7 @@ class RoundingSteps:
     name = kernels = "rounding-test-kernels"
     builds_steps = True
     invariance_sizes = (1, 2, 4, 8)
+    rounds_from = 2  # the smallest q whose step rounds otherwise
 
     def __init__(self, target):
         from eaglespec.engine.target import EagerSteps
@@ -162,7 +163,7 @@ class RoundingSteps:
 
     def verify_rows(self, input_ids, rows, tree_mask, positions, sizes, layers=None):
         states, logits = self.eager.verify_rows(input_ids, rows, tree_mask, positions, sizes, layers)
-        return states, [x + 0.01 * x.abs().max() if x.shape[0] > 1 else x for x in logits]
+        return states, [x + 0.01 * x.abs().max() if x.shape[0] >= self.rounds_from else x for x in logits]
 
 
 def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypatch):
@@ -171,6 +172,7 @@ def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypa
     from conftest import tiny_model
     from tiny_tokenizer import tiny_tokenizer
 
+    from eaglespec.core.config import parse_tree
     from eaglespec.draft.head import EagleHead
     from eaglespec.draft.vocab import save_draft_vocab
     from eaglespec.engine import compiled
@@ -189,7 +191,7 @@ def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypa
                                               dtype="auto", compile=compile)
 
     monkeypatch.setattr("eaglespec.engine.target.native_bf16_cpu", lambda: False)
-    assert load("off").tree is not None  # eager fp32: trees verify exactly, and pay at this acceptance
+    assert load("off").tree is not None  # eager fp32: trees verify exactly
 
     def rounding(target, mode="auto", progress=True):
         target.steps = RoundingSteps(target)
@@ -198,8 +200,22 @@ def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypa
     monkeypatch.setattr(compiled, "use_compiled", rounding)
     gen = load("on")
     assert isinstance(gen.target.steps, RoundingSteps)
-    assert gen.tree is None and "no tree verifies exactly" in gen.head_note
+    assert gen.tree is None and "rounding-test-kernels kernels no tree verifies exactly" in gen.head_note
     assert [r.exact for r in gen.numerics.rows] == [True, False, False, False]
+    # exact up to the query buckets --tree auto measures: tuned trees are free, and a head without
+    # acceptance.json gets EAGLE-1's tree (26 tokens) only once that size too is measured exact
+    monkeypatch.setattr(RoundingSteps, "rounds_from", 9)
+    monkeypatch.setenv("EAGLESPEC_RETUNE", "1")
+    gen = load("on")
+    assert gen.tree is not None and gen.numerics.tree_limit() is None
+    (tmp_path / "head" / "acceptance.json").unlink()
+    eagle1 = parse_tree("eagle1")
+    gen = load("on")
+    assert [r.size for r in gen.numerics.rows] == [1, 2, 4, 8, eagle1.num_nodes + 1]
+    assert gen.numerics.tree_limit() == 8
+    assert gen.tree is None and "EAGLE-1's tree does not verify exactly" in gen.head_note
+    monkeypatch.setattr(RoundingSteps, "rounds_from", eagle1.num_nodes + 2)
+    assert load("on").tree.paths == eagle1.paths  # every measured size exact: EAGLE-1's tree
 
 
 def test_an_untuned_head_gets_eagle1s_tree_only_where_it_verifies_exactly():

@@ -107,8 +107,10 @@ def test_levers_change_one_option_each_on_the_same_split_and_eagle3_trains_from_
     assert {value(a, "--eval-first") for a in fakes.trained} == {"2"}  # one held-out split for all
     assert value(lr, "--train-examples") == "4" and value(eagle3, "--train-examples") == "8"  # 0: the whole capture
     assert value(eagle3, "--head") == "eagle3" and value(eagle3, "--out").endswith("eagle3-8")
-    assert set(got["levers"]) == {"lr-3e-4", "loss-vocab-full"}
-    assert set(got["levers"]["lr-3e-4"]) == {"changes", "held_out", "mt-bench"}  # levers: MT-bench only
+    assert set(got["levers"]) == {"eagle1-4-lr-3e-4", "eagle1-4-loss-vocab-full"}  # keyed by point and lever
+    lever = got["levers"]["eagle1-4-lr-3e-4"]
+    assert set(lever) == {"lever", "train_examples", "changes", "held_out", "mt-bench"}  # levers: MT-bench only
+    assert lever["train_examples"] == 4 and lever["changes"] == ["--lr", "3e-4"]
     assert set(got["eagle3"]["eagle3-8"]) == {"train_examples", "held_out", "mt-bench", "humaneval-40", "tasks"}
     assert all(value(a, "--compile") == "off" for a in fakes.measured)  # tau on the eager kernels
     assert len(fakes.measured) == 3 + 2 + 3
@@ -121,6 +123,8 @@ def test_an_unknown_lever_is_one_line(tmp_path, capsys):
     assert scaling.main(["--capture-dir", str(tmp_path), "--levers", "lr-3e-4,more-data"]) == 2
     err = capsys.readouterr().err
     assert "unknown more-data" in err and "epochs-10" in err and len(err.strip().splitlines()) == 1
+    assert scaling.main(["--capture-dir", str(tmp_path), "--levers", "all", "--lever-point", "0"]) == 2
+    assert "--lever-point 0" in capsys.readouterr().err
 
 
 def test_the_baseline_head_is_measured_once_on_the_same_sets(tmp_path):

@@ -164,15 +164,28 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     common = ["--target", str(model_dir), "--no-progress"]
+    from eaglespec.train import capture as capture_module
+
+    opened = []  # (head, whether the fused layers are read): EAGLE-1 runs leave them unread
+    real_init = capture_module.FeatureDataset.__init__
+
+    def spy(self, directory, partial=False, hidden=True):
+        opened.append(hidden)
+        real_init(self, directory, partial, hidden)
     # the capture keeps two target layers too, so the EAGLE-1 run below reads only its features and
     # an EAGLE-3 run reads the layers through the same command line
     assert main(["capture", *common, "--data", str(data), "--out", str(tmp_path / "cap"), "--shard-size", "4",
                  "--aux-layers", "1,1,0"]) == 0
-    assert main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head"),
-                 "--grad-accum", "2", "--eval-fraction", "0.2", "--epochs", "2"]) == 0
-    assert main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head3"),
-                 "--head", "eagle3", "--aux-layers", "1,1,0", "--ttt-steps", "2", "--draft-vocab-size", "64",
-                 "--max-steps", "1"]) == 0
+    capture_module.FeatureDataset.__init__ = spy
+    try:
+        assert main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head"),
+                     "--grad-accum", "2", "--eval-fraction", "0.2", "--epochs", "2"]) == 0
+        assert main(["train", *common, "--capture-dir", str(tmp_path / "cap"), "--out", str(tmp_path / "head3"),
+                     "--head", "eagle3", "--aux-layers", "1,1,0", "--ttt-steps", "2", "--draft-vocab-size", "64",
+                     "--max-steps", "1"]) == 0
+    finally:
+        capture_module.FeatureDataset.__init__ = real_init
+    assert opened == [False, True]
     assert main(["train", *common, "--online", "--data", str(data), "--out", str(tmp_path / "online"),
                  "--max-steps", "1"]) == 0
     target = load_target(str(model_dir), check=False)

@@ -29,7 +29,7 @@ from ..draft.vocab import load_draft_vocab
 from ..errors import EagleError
 from .batch import Batch, StepOutput, StepStats
 from .target import TargetModel, check_device, default_dtype, load_target
-from .tuning import AdaptiveTree
+from .tuning import STATS_FILE, AdaptiveTree
 
 INEXACT_TREES = ("its trees may verify tokens whose logits differ from one-token decoding by more than fp32 "
                  "summation order, so a sampled id could change with the tree or the batch")
@@ -163,8 +163,14 @@ class EagleGenerator:
         compile_note = use_compiled(tm, compile)
         if tree == "auto" and head is not None and (numerics is None or tm.steps.builds_steps):
             # what gates the trees is the kernels that verify them: choose_dtype measured the eager
-            # ones, and a compiled step rounds otherwise (measured on its own query buckets)
-            numerics = numerics_for(tm, retune=retune)
+            # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
+            # EAGLE-1's tree's where a head without acceptance.json would verify that)
+            sizes = None
+            folder = head_dir if head != "default" else default_dir
+            untuned = folder is None or not (folder / STATS_FILE).is_file()
+            if tm.steps.builds_steps and untuned:
+                sizes = (*tm.steps.invariance_sizes, parse_tree("eagle1").num_nodes + 1)
+            numerics = numerics_for(tm, sizes, retune=retune)
         note = ""
         if head is None:
             gen = cls(tm, None, "none" if tree == "auto" else tree)

@@ -63,8 +63,8 @@ class NumericsReport:
 
     def tree_limit(self) -> int | None:
         """The most tokens a tree may verify at once, or None where every measured size is exact
-        (the compiled step is measured on its query buckets up to --tree auto's largest: what lies
-        beyond, EAGLE-1's tree for a head that was never tuned, is taken on trust)."""
+        (the compiled step is measured on the sizes it will verify: its query buckets up to --tree
+        auto's largest, and EAGLE-1's tree's for a head that was never tuned)."""
         best = self.largest_exact()
         return None if best == max(r.size for r in self.rows) else best
 

@@ -174,10 +174,12 @@ def run(capture: Path, out: Path, results_path: Path, eval_first: int, points, t
     if levers:
         _wait_for_data(capture, eval_first + lever_point, poll_s)
         results["meta"]["lever_point"] = lever_point
-        for name in levers:
-            lever = results.setdefault("levers", {}).setdefault(name, {"changes": list(LEVERS[name])})
-            if not _train_and_measure(lever, save, capture, out / f"eagle1-{lever_point}-{name}", eval_first,
-                                      lever_point, _recipe(RECIPE, LEVERS[name]), SETS[:1], **common):
+        for name in levers:  # keyed by point and name: levers at another point are other heads
+            key = f"eagle1-{lever_point}-{name}"
+            lever = results.setdefault("levers", {}).setdefault(key, {"lever": name, "train_examples": lever_point,
+                                                                      "changes": list(LEVERS[name])})
+            if not _train_and_measure(lever, save, capture, out / key, eval_first, lever_point,
+                                      _recipe(RECIPE, LEVERS[name]), SETS[:1], **common):
                 return results
     if eagle3 is not None:
         examples = _wait_for_data(capture, None if eagle3 == 0 else eval_first + eagle3, poll_s)
@@ -200,7 +202,9 @@ def plot(results: dict, path: Path) -> None:
 
     points = sorted(results["points"].values(), key=lambda p: p["train_examples"])
     eagle3 = sorted(results.get("eagle3", {}).values(), key=lambda p: p["train_examples"])
-    levers = {name: lever for name, lever in results.get("levers", {}).items() if "mt-bench" in lever}
+    at = results.get("meta", {}).get("lever_point")
+    levers = {lever["lever"]: lever for lever in results.get("levers", {}).values()
+              if "mt-bench" in lever and lever.get("held_out") and lever["train_examples"] == at}
     fig, axes = plt.subplots(1, 3 if levers else 2, figsize=(15 if levers else 10, 4))
     left, right = axes[0], axes[1]
     for set_name, *_ in SETS:
@@ -225,8 +229,8 @@ def plot(results: dict, path: Path) -> None:
     if levers:
         ax = axes[2]
         names = list(levers)
-        base = results["points"].get(f"eagle1-{results['meta'].get('lever_point')}", {})
-        if "mt-bench" in base:
+        base = results["points"].get(f"eagle1-{at}", {})
+        if "mt-bench" in base and base.get("held_out"):
             names, levers = ["recipe", *names], {"recipe": base, **levers}
         taus = [levers[n]["mt-bench"]["tau"] for n in names]
         ax.barh(range(len(names)), taus, 0.6, color=["gray" if n == "recipe" else "C0" for n in names])
@@ -235,7 +239,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.set_xlim(min(taus) - 0.15, max(taus) + 0.15)
         ax.set_xlabel("MT-bench tau (label: held-out depth-1 accuracy)")
-        ax.set_title(f"one option changed, at {results['meta'].get('lever_point')} conversations", fontsize=9)
+        ax.set_title(f"one option changed, at {at} conversations", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     fig.suptitle("EAGLE heads for SmolLM2-135M-Instruct: one recipe, growing ShareGPT prefixes")
     fig.tight_layout()
@@ -264,6 +268,8 @@ def main(argv=None) -> int:
     try:
         points = [int(x) for x in args.points.split(",") if x.strip()]
         levers = list(LEVERS) if args.levers == "all" else [x.strip() for x in args.levers.split(",") if x.strip()]
+        if args.lever_point < 1:
+            raise EagleError(f"--lever-point {args.lever_point}: give the levers' training conversations, 1 or more")
         unknown = [x for x in levers if x not in LEVERS]
         if unknown:
             raise EagleError(f"--levers: unknown {', '.join(unknown)}; choose from {', '.join(LEVERS)} or all")

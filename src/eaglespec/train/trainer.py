@@ -186,6 +186,9 @@ class Trainer:
             self.lm_head = self._sliced_lm_head(None if config.loss_vocab is None else ranked[:config.loss_vocab])
         else:
             layers = parse_layers(config.aux_layers, target.config.num_hidden_layers)
+            if not getattr(dataset, "read_hidden", True):
+                raise EagleError("an EAGLE-3 head trains on the capture's fused layers: open it with "
+                                 "FeatureDataset(directory, hidden=True) (the default)")
             if getattr(dataset, "layers", None) != layers:
                 raise EagleError(f"an EAGLE-3 head on layers {list(layers)} needs those target layers in its data, which holds "
                                  f"{list(dataset.layers) if getattr(dataset, 'layers', None) else 'none'}: capture with "
