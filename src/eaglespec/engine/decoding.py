@@ -155,7 +155,8 @@ class EagleGenerator:
         load_dtype = (torch.float32 if dtype == "auto" else DTYPES[dtype] if isinstance(dtype, str)
                       else dtype or default_dtype(device))
         tm = load_target(target, load_dtype, device)
-        default_dir = default_head_dir(tm) if head == "default" else None  # by the weights' fingerprint, before quantizing
+        if head == "default":
+            head_dir = default_head_dir(tm)  # by the weights' fingerprint, before quantizing
         quantize_target(tm, quantize)
         numerics, numerics_note = None, ""
         if dtype == "auto":
@@ -166,8 +167,7 @@ class EagleGenerator:
             # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
             # EAGLE-1's tree's where a head without acceptance.json would verify that)
             sizes = None
-            folder = head_dir if head != "default" else default_dir
-            untuned = folder is None or not (folder / STATS_FILE).is_file()
+            untuned = head_dir is None or not (head_dir / STATS_FILE).is_file()
             if tm.steps.builds_steps and untuned:
                 sizes = (*tm.steps.invariance_sizes, parse_tree("eagle1").num_nodes + 1)
             numerics = numerics_for(tm, sizes, retune=retune)
@@ -178,7 +178,6 @@ class EagleGenerator:
             gen.warm()
             return gen
         if head == "default":
-            head_dir = default_dir
             if head_dir is None:
                 with torch.random.fork_rng():
                     torch.manual_seed(0)

@@ -513,8 +513,7 @@ def use_auto_tree(gen, retune: bool = False, max_batch: int = 1, max_tokens: int
     if stats is None or not sizes:  # not even one draft node (or, untuned, EAGLE-1's tree) verifies exactly
         what = "no tree verifies" if not sizes else "the head has no acceptance.json and EAGLE-1's tree does not verify"
         note = (f"--tree auto: in {dtype} on the {gen.target.steps.name} kernels {what} exactly on this machine "
-                "(numerics.py), so no drafts; "
-                "--allow-inexact accepts rounding-level differences")
+                "(numerics.py), so no drafts; --allow-inexact accepts rounding-level differences")
         gen.head_note = f"{gen.head_note}; {note}" if gen.head_note else note
         gen.tree, gen.tuned = None, None
         return
