@@ -12,7 +12,7 @@ from eaglespec.bench.cli import EXIT_NOT_LOSSLESS, execute, register, run_metada
 from eaglespec.bench.datasets import Question, load_jsonl, load_questions, user_message
 from eaglespec.bench.harness import Journal, first_difference, run_bench
 from eaglespec.bench.methods import BASELINE, HF_GENERATE, HF_PROMPT_LOOKUP, build_methods, parse_depths
-from eaglespec.bench.metrics import Record, acceptance_histogram, n_alpha, speedup, summarize, tau
+from eaglespec.bench.metrics import Record, acceptance_histogram, n_alpha, paired_speedup, speedup, summarize, tau
 from eaglespec.bench.report import PLOTS
 from eaglespec.core.config import SamplingParams
 from eaglespec.errors import EagleError
@@ -44,6 +44,18 @@ def test_speedup_is_ratio_of_time_for_the_same_tokens():
     assert speedup(50, 1.0, 100, 4.0) == 2.0  # throughput ratio when token counts differ (sampling)
     assert speedup(10, 1.0, 0, 0.0) is None
 
+
+
+def test_paired_speedup_is_the_median_of_round_ratios():
+    """The machine ran twice as fast in the second round: each round's own ratio is 1.2x, which a
+    ratio of the medians of the two columns (60/75 = 0.8x here) would not say."""
+    paired = paired_speedup([(60.0, 50.0), (120.0, 100.0), (48.0, 40.0)])
+    assert paired.speedup == pytest.approx(1.2) and paired.low == pytest.approx(1.2) == paired.high
+    assert (paired.tokens_per_second, paired.vanilla_tokens_per_second) == (60.0, 50.0)
+    mixed = paired_speedup([(50.0, 50.0), (30.0, 10.0), (55.0, 50.0)])
+    assert mixed.speedup == pytest.approx(1.1) and (mixed.low, mixed.high) == (1.0, 3.0)  # one stray round is outvoted
+    with pytest.raises(ValueError):
+        paired_speedup([])
 
 def test_summarize_hand_made_records():
     runs = [

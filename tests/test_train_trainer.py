@@ -220,6 +220,10 @@ def test_cli_capture_then_train_writes_a_loadable_head(tmp_path, request, capsys
                            "--prompt", "What is 7 plus 7?", "--max-new-tokens", "16", "--compare-vanilla"]) == 0
     err = capsys.readouterr().err
     assert "tree=eagle1" in err and "output=identical" in err and "random" not in err
+    assert "medians of 3 back-to-back rounds" in err  # the speedup of paired runs, not of one pair
+    assert eaglespec_main(["generate", "--target", str(model_dir), "--head", str(tmp_path / "head"), "--tree", "eagle1",
+                           "--max-new-tokens", "4", "--compare-vanilla", "--compare-rounds", "0"]) == 2
+    assert "--compare-rounds must be >= 1" in capsys.readouterr().err
     # bad input loses nothing: a wrong --data writes no manifest and --overwrite keeps the old capture
     cap_files = {f.name: f.read_bytes() for f in (tmp_path / "cap").iterdir()}
     for out, extra in ((tmp_path / "cap2", []), (tmp_path / "cap", ["--overwrite"])):

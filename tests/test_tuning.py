@@ -290,6 +290,42 @@ def test_measured_costs_per_batch_size_run_the_batched_step():
     assert vanilla > 0 and costs[2][0] > 0 and costs[2][1] > 0
 
 
+
+def test_costs_are_paired_with_an_adjacent_vanilla_step(monkeypatch):
+    """A machine whose speed jumps between measurements (another tenant comes and goes) must not
+    change the measured ratios: each cost is timed right after a vanilla step and kept as its ratio
+    to it. A fake clock advances by each target step's nominal cost (1 ms a token, plus 10 ms) times
+    a speed drawn afresh at every vanilla step and every draft; medians of separately timed costs
+    (the old measurement) mix speeds and miss the nominal ratios."""
+    import random
+    import types
+
+    gen, _ = _tuning_setup()
+    clock, rng = [0.0], random.Random(1)
+    speed = [1.0]
+    real = gen.target.verify_rows
+
+    def verify_rows(tokens, *args, **kwargs):
+        n = tokens.shape[1]
+        if n == 1:
+            speed[0] = rng.choice((1.0, 1.7, 2.5))  # the machine changes between pairs, not inside one
+        clock[0] += (0.010 + 0.001 * n) * speed[0]
+        return real(tokens, *args, **kwargs)
+
+    class Drafter(tuning.Drafter):  # drafting takes no time here, but the machine changes meanwhile too
+        def draft_rows(self, *args, **kwargs):
+            speed[0] = rng.choice((1.0, 1.7, 2.5))
+            return super().draft_rows(*args, **kwargs)
+
+    monkeypatch.setattr(gen.target, "verify_rows", verify_rows)
+    monkeypatch.setattr(tuning, "Drafter", Drafter)
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    trees = {1: tuning.static_tree([(0,)]), 3: tuning.static_tree([(0,), (1,), (0, 0)])}
+    vanilla, costs, _ = tuning.measure_step_costs(gen, trees, context=16, reps=7)
+    for n, (draft, verify) in costs.items():
+        assert draft == 0.0  # the fake clock does not move while drafting
+        assert verify / vanilla == pytest.approx((0.010 + 0.001 * (n + 1)) / 0.011, rel=1e-9)
+
 # ---- the adaptive tree ---------------------------------------------------------------------------
 def _ladder():
     """A fake cost model: vanilla 10 ms; trees of 1, 3, 7 nodes cost 11, 12, 16 ms and were

@@ -65,6 +65,30 @@ def speedup(tokens: int, seconds: float, vanilla_tokens: int, vanilla_seconds: f
     return tokens_per_second(tokens, seconds) / base if base > 0 else None
 
 
+
+@dataclass(frozen=True)
+class PairedSpeedup:
+    """A method against vanilla over rounds that each ran both, one right after the other."""
+
+    tokens_per_second: float          # the method's, median over rounds
+    vanilla_tokens_per_second: float  # vanilla's, median over rounds
+    speedup: float                    # median of the rounds' own speedups
+    low: float                        # the smallest and largest round speedup
+    high: float
+
+
+def paired_speedup(rounds: list[tuple[float, float]]) -> PairedSpeedup:
+    """rounds: (method tokens/s, vanilla tokens/s) of runs made back to back. On a machine whose
+    speed wanders (shared cores, a host's memory bandwidth), the ratio within a round is what the
+    method changes; a ratio of two separate runs' figures also carries the drift between them."""
+    from statistics import median
+
+    if not rounds or any(v <= 0 for _, v in rounds):
+        raise ValueError("paired_speedup needs rounds with a positive vanilla rate")
+    ratios = [m / v for m, v in rounds]
+    return PairedSpeedup(median(m for m, _ in rounds), median(v for _, v in rounds), median(ratios),
+                         min(ratios), max(ratios))
+
 def _totals(records: list[Record]) -> tuple[int, float]:
     return sum(len(r.token_ids) for r in records), sum(r.elapsed for r in records)
 

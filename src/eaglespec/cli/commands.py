@@ -13,13 +13,15 @@ from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampli
 
 
 def cmd_generate(args) -> int:
-    from ..core.config import REPRODUCIBLE, SamplingParams
+    from ..core.config import SamplingParams
     from ..engine.decoding import GenerationResult
     from ..engine.text import TextStream
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, sampling_mode(args))  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    if args.compare_vanilla and args.compare_rounds < 1:
+        raise EagleError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
     check_model_args(args)
     gen = load_generator(args)
     ids = gen.encode(args.prompt, chat_template=not args.no_chat_template)
@@ -35,17 +37,40 @@ def cmd_generate(args) -> int:
     print(f"\n[eaglespec] tree={tree} new tokens={len(result.token_ids)} target forwards={result.target_forwards} "
           f"tau={result.tau:.2f} tokens/s={result.tokens_per_second:.1f}", file=sys.stderr)
     if args.compare_vanilla:
-        vanilla = gen.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, speculative=False,
-                               sampling_mode=args.sampling_mode)
-        # a sample is expected to differ only in the speculative mode or without a seed
-        held = sampling.greedy or (sampling.mode == REPRODUCIBLE and args.seed is not None)
-        same = "identical" if vanilla.token_ids == result.token_ids else "DIFFERENT" if held else "different (sampling)"
-        print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
-              f"tokens/s={vanilla.tokens_per_second:.1f} "
-              f"speedup={result.tokens_per_second / vanilla.tokens_per_second:.2f}x output={same}", file=sys.stderr)
+        _compare_vanilla(gen, ids, args, sampling, result)
     return 0
 
+
+
+def _compare_vanilla(gen, ids: list[int], args, sampling, shown) -> None:
+    """--compare-vanilla: `--compare-rounds` rounds, each one EAGLE run and one vanilla run back to
+    back, the order alternating (EAGLE first in odd rounds), none of them streamed. The speedup is
+    the median of the rounds' own ratios (metrics.paired_speedup): a single pair of runs on a
+    shared machine also measures how its speed moved between them."""
+    from ..bench.metrics import paired_speedup
+    from ..core.config import REPRODUCIBLE
+
+    options = dict(input_ids=ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                   top_k=args.top_k, seed=args.seed, sampling_mode=args.sampling_mode)
+    rounds, eagle_ids, vanilla = [], set(), None
+    for r in range(args.compare_rounds):
+        runs = {}
+        for speculative in ((True, False) if r % 2 else (False, True)):
+            runs[speculative] = gen.generate(speculative=speculative, **options)
+        vanilla = runs[False]
+        eagle_ids.add(tuple(runs[True].token_ids))
+        rounds.append((runs[True].tokens_per_second, vanilla.tokens_per_second))
+    paired = paired_speedup(rounds)
+    # a sample is expected to differ only in the speculative mode or without a seed
+    held = sampling.greedy or (sampling.mode == REPRODUCIBLE and args.seed is not None)
+    same = eagle_ids == {tuple(shown.token_ids)} == {tuple(vanilla.token_ids)}
+    same = "identical" if same else "DIFFERENT" if held else "different (sampling)"
+    spread = f", rounds {paired.low:.2f}-{paired.high:.2f}x" if len(rounds) > 1 else ""
+    print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
+          f"tokens/s={paired.vanilla_tokens_per_second:.1f} (EAGLE {paired.tokens_per_second:.1f}) "
+          f"speedup={paired.speedup:.2f}x output={same}\n"
+          f"            (medians of {len(rounds)} back-to-back rounds of EAGLE and vanilla{spread}; "
+          "the streamed run above is not timed against it)", file=sys.stderr)
 
 def cmd_compile(args) -> int:
     """Build now what a first start would build: with --tree auto, the cost curve is measured on
@@ -159,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default=DEFAULT_PROMPT)
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     g.add_argument("--compare-vanilla", action="store_true", help="also run vanilla decoding and print the speedup")
+    g.add_argument("--compare-rounds", type=int, default=3,
+                   help="with --compare-vanilla: rounds of one EAGLE and one vanilla run back to back (default 3; "
+                        "the speedup is the median of the rounds' ratios)")
     add_model_args(g)
     add_sampling_args(g)
     g.set_defaults(func=cmd_generate, holds_machine=True)

@@ -134,10 +134,16 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
                        batch: int = 1) -> tuple[float, dict[int, tuple[float, float]], float]:
     """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}, noise) for `batch` sequences
     of `context` cached tokens each, through the batched step's own code (the target's backend:
-    start_rows, verify_rows; the head's), so a compiled target is measured compiled. Every cost
-    is timed once per round, `reps` rounds in a shuffled order (drift on a shared machine spreads
-    over all sizes), and its median kept; noise is the largest interquartile range / median of any
-    cost (a median under NOISE_FLOOR counts as NOISE_FLOOR; one stray round is not noise)."""
+    start_rows, verify_rows; the head's), so a compiled target is measured compiled.
+
+    Paired against vanilla: in each of `reps` rounds every draft and verify cost is timed in a
+    shuffled order, each right after a vanilla step of its own, and kept as its ratio to that
+    step; a cost is the median of its ratios times the median vanilla step. A shared machine's
+    speed wanders from second to second (on the AVX-512 kind a vanilla step measured 12-18 ms
+    minutes apart while a 4-token step stayed at 15-17), and what the tree choice needs is the
+    ratio: two steps a few ms apart see the same machine. noise is the largest interquartile range
+    / median of the vanilla steps and of any cost (its ratios times the vanilla step; a median under
+    NOISE_FLOOR counts as NOISE_FLOOR; one stray round is not noise)."""
     import random
     import statistics
 
@@ -168,29 +174,38 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
             state.rows.crop(context - 2)
         return draft
 
-    cases = {("vanilla", 0): lambda: verify(None)}
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    vanilla = lambda: verify(None)  # noqa: E731
+    cases = {}
     for n, tree in trees.items():
         cases[("draft", n)] = drafting(tree)
         cases[("verify", n)] = lambda tree=tree: verify(tree)
-    for fn in cases.values():  # warm: first calls allocate (and build compiled graphs)
+    for fn in (vanilla, *cases.values()):  # warm: first calls allocate (and build compiled graphs)
         fn()
-    times = {case: [] for case in cases}
+    steps: list[float] = []
+    ratios = {case: [] for case in cases}
     order = list(cases)
     shuffle = random.Random(0).shuffle
     for _ in range(max(reps, 1)):
         shuffle(order)
         for case in order:
-            t = time.perf_counter()
-            cases[case]()
-            times[case].append(time.perf_counter() - t)
-    median = {case: statistics.median(ts) for case, ts in times.items()}
-    noise = max(_spread(ts) / max(median[case], NOISE_FLOOR) for case, ts in times.items())
-    return median[("vanilla", 0)], {n: (median[("draft", n)], median[("verify", n)]) for n in trees}, noise
+            steps.append(timed(vanilla))
+            ratios[case].append(timed(cases[case]) / steps[-1])
+    step = statistics.median(steps)
+    ratio = {case: statistics.median(rs) for case, rs in ratios.items()}
+    noise = max(_spread(ts) / max(median, NOISE_FLOOR)  # in seconds, as ratios times the vanilla step
+                for ts, median in [(steps, step), *(([r * step for r in rs], ratio[c] * step) for c, rs in ratios.items())])
+    return step, {n: (ratio[("draft", n)] * step, ratio[("verify", n)] * step) for n in trees}, noise
 
 
 # -- the cost curve, cached per machine ---------------------------------------------------------
 RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
-COST_SCHEME = 3                   # bump when what measure_step_costs times changes (3: the draft LM head compiled)
+COST_SCHEME = 4                   # bump when what measure_step_costs times changes (3: the draft LM head compiled;
+                                  # 4: costs paired with an adjacent vanilla step)
 COST_CONTEXT = 256                # tokens in the cache a cost is measured on
 
 
