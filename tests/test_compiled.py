@@ -223,13 +223,12 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
     (folder / "inductor" / "artefact").write_text("kept")
-    old = ["step-1x1x512-heagle1.pt2", "step-2x4x512-heagle3-noautotune.pt2"]  # head packages named by kind alone
-    new = ["step-1x1x512-heagle1-0123456789abcdef.pt2", "step-1x1x512-f.pt2", "step-1x1x0-deagle1-target.pt2"]
-    for name in old + new:
+    packages = ["step-1x1x512-heagle1-0123456789abcdef.pt2", "step-1x1x512-f.pt2", "step-1x1x0-deagle1-target.pt2"]
+    for name in packages:
         (folder / name).write_bytes(b"package")
     assert artefact_dir(target, tmp_path) == (folder, "")  # same key: trusted, kept
     assert (folder / "inductor" / "artefact").is_file()
-    assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(new)  # the old head packages: never loaded, gone
+    assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(packages)
     # another target (other weights) gets another folder
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
     assert other != folder

@@ -42,6 +42,14 @@ LEGACY_WEIGHTS = "pytorch_model.bin"
 CONFIG = "config.json"
 
 
+
+def draft_logprobs(norm: nn.Module | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                   out: torch.Tensor) -> torch.Tensor:
+    """A head's outputs [..., H] -> [..., Vd] float32 log q: DraftLM's product, also traced into
+    the compiled path's draft-scores graph (engine/compiled.py)."""
+    x = norm(out) if norm is not None else out
+    return torch.log_softmax(torch.nn.functional.linear(x, weight, bias).float(), dim=-1)
+
 @dataclass(frozen=True)
 class DraftLM:
     """The head's output layer: o -> log q over the draft vocabulary, and the ids' map back."""
@@ -53,8 +61,7 @@ class DraftLM:
 
     def logprobs(self, out: torch.Tensor) -> torch.Tensor:
         """[M, H] -> [M, Vd] float32 log q."""
-        x = self.norm(out) if self.norm is not None else out
-        return torch.log_softmax(torch.nn.functional.linear(x, self.weight, self.bias).float(), dim=-1)
+        return draft_logprobs(self.norm, self.weight, self.bias, out)
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.target_ids is None else self.target_ids[ids]

@@ -36,7 +36,6 @@ cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/ben
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import time
@@ -303,9 +302,9 @@ class _DraftScores(torch.nn.Module):
         self.bias = None if lm.bias is None else torch.nn.Parameter(lm.bias, requires_grad=False)
 
     def forward(self, out):
-        from ..draft.contract import DraftLM
+        from ..draft.contract import draft_logprobs
 
-        return DraftLM(self.norm, self.weight, self.bias, None).logprobs(out)
+        return draft_logprobs(self.norm, self.weight, self.bias, out)
 
 
 def _step_inputs(rows: "StaticRows", b: int, n: int, q: int, visible: torch.Tensor, dtype, device):
@@ -610,9 +609,6 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
             note = "; ".join(n for n in (note, stale_note(root)) if n)
     except OSError as exc:
         return None, f"compiled graphs not kept: {folder} is not writable ({exc.strerror}); set EAGLESPEC_CACHE"
-    for old in folder.glob("step-*-heagle[13]*.pt2"):  # named by kind alone (before 2026-12-01): never loaded
-        if re.fullmatch(r"step-\d+x\d+x\d+-heagle[13](-noautotune)?\.pt2", old.name):
-            old.unlink(missing_ok=True)
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     users = env and env not in _SET_BY_US and os.path.abspath(env) != os.path.abspath(default_cache_dir())
     path = str(folder / "inductor")
