@@ -175,6 +175,7 @@ def test_the_cli_says_which_head_file_is_bad(head_dir, no_target, capsys, case, 
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
     pytest.param(["tune", "--head", "HEAD", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+    (["tune", "--head", "HEAD", "--calibration-from", "-1"], "--calibration-from must be a record index >= 0"),
     pytest.param(["capture", "--out", "OUT", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
 ])

@@ -188,3 +188,17 @@ def test_a_tokenizer_without_chat_template_is_refused(tokenizer):
     tokenizer.chat_template = None
     with pytest.raises(EagleError, match="no chat template"):
         load_examples(tokenizer, DataConfig())
+
+
+def test_calibration_prompts_start_at_the_record_asked_for():
+    """`tune --calibration-from`: a head trained with --eval-first calibrates on its held-out
+    records (0 on), the shipped head on records far past its training data (10,000 on)."""
+    from eaglespec.cli.commands import CALIBRATION_FROM, sharegpt_prompts
+    from eaglespec.train.data import SHAREGPT, normalize, read_records
+
+    records, _ = read_records(SHAREGPT)
+    first_turns = [(normalize(r, "") or [{}])[0].get("content") for r in records[:200]]
+    held_out = sharegpt_prompts(4, 0)
+    assert len(held_out) == 4 and all(p in first_turns for p in held_out)
+    late = sharegpt_prompts(4)
+    assert late == sharegpt_prompts(4, CALIBRATION_FROM) and not set(late) & set(first_turns)

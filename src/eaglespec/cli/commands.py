@@ -104,9 +104,13 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def sharegpt_prompts(count: int, skip_first: int = 10000) -> list[str]:
-    """First user turns of ShareGPT conversations far past the ones used for training (the
-    shipped head saw the first ~2,000 of the packaged file's 17,671 records)."""
+CALIBRATION_FROM = 10000  # the shipped head saw the first ~2,000 of the packaged file's 17,671 records
+
+
+def sharegpt_prompts(count: int, skip_first: int = CALIBRATION_FROM) -> list[str]:
+    """First user turns of ShareGPT conversations from record `skip_first` on: by default far past
+    the ones the shipped head was trained on; a head trained on a capture with `--eval-first N`
+    calibrates on its held-out records instead (`tune --calibration-from 0`)."""
     from ..train.data import SHAREGPT, normalize, read_records
 
     records, _ = read_records(SHAREGPT)
@@ -138,6 +142,8 @@ def cmd_tune(args) -> int:
     from ..train.data import DataSummary, iter_examples
 
     check_device(args.device)
+    if args.calibration_from < 0:
+        raise EagleError(f"--calibration-from must be a record index >= 0, got {args.calibration_from}")
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
@@ -158,7 +164,7 @@ def cmd_tune(args) -> int:
     if ranks_vocab:
         gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
                                              draft_vocab_size=args.draft_vocab, compile="off")
-    prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts)]
+    prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts, args.calibration_from)]
     stats = calibrate(gen, prompts, args.max_new_tokens)
     print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
     for d, row in enumerate(stats.p, start=1):
@@ -196,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     t.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     t.add_argument("--prompts", type=int, default=8, help="ShareGPT prompts (outside the training range) to calibrate on")
+    t.add_argument("--calibration-from", type=int, default=CALIBRATION_FROM,
+                   help=f"the ShareGPT record the calibration prompts start at (default {CALIBRATION_FROM}, past the shipped "
+                        "head's training data; 0 for a head trained with --eval-first, whose first records are held out)")
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size used while calibrating")
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
