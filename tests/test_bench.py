@@ -156,6 +156,32 @@ def test_build_methods_parses_names(gen):
     with pytest.raises(EagleError, match="--chain"):
         parse_depths("3,x")
 
+
+def test_auto_fixed_keeps_the_tuned_tree_that_auto_leaves():
+    """A random head's drafts are rejected: `auto` (adaptive) drops to vanilla steps after a window,
+    `auto-fixed` verifies the tuned tree at every step; both emit vanilla's tokens, and the
+    generator's own adaptive setting is left as it was."""
+    from eaglespec.bench.methods import AUTO_FIXED
+    from eaglespec.core.tree import static_tree
+    from eaglespec.engine.tuning import TunedTree
+
+    gen = tiny_generator()
+    with pytest.raises(EagleError, match="--tree auto"):
+        build_methods(gen, f"vanilla,{AUTO_FIXED}", [], greedy=True)
+    small, big = static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)])
+    gen.tuned = TunedTree(big, 2.0, 1.5, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67)], 0.010,
+                          trees=((1, small), (3, big)))
+    gen.tree = big
+    methods, _ = build_methods(gen, f"vanilla,auto,{AUTO_FIXED}", [], greedy=True)
+    assert [m.name for m in methods] == [BASELINE, "auto", AUTO_FIXED] and methods[2].spec.startswith(f"{AUTO_FIXED}: ")
+    ids = gen.encode("hello there")
+    gen.eos_token_ids = set  # no stop token: every run makes its 30 tokens
+    records = {m.name: m.run(ids, 30, SamplingParams()) for m in methods}
+    assert records["auto"].token_ids == records[AUTO_FIXED].token_ids == records[BASELINE].token_ids
+    assert set(records[AUTO_FIXED].tree_sizes[:-1]) == {big.num_nodes}  # the last token's step needs no tree
+    assert 1 in records["auto"].tree_sizes[:-1]  # the adaptive policy left the tree for vanilla steps
+    assert gen.adaptive is True
+
 # -- the harness on a tiny model -----------------------------------------------------------------
 
 QUESTIONS = [Question("1", "alpha", (words(10, 11, 12, 13), words(20, 21))),
