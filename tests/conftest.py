@@ -79,13 +79,15 @@ def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def _cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Measured cost curves (files.cache_dir) go to a fresh folder per test, never into the
-    user's cache, no test inherits a retune request from the shell, and decoding is eager unless
+    user's cache (dequantized GGUF copies to one folder per session), no test inherits a retune request from the shell, and decoding is eager unless
     a test asks for the compiled step (compiling takes seconds to minutes). llama.cpp's build
     stays where the user's cache has it (tests/interop use it)."""
     from eaglespec.interop import build_llamacpp
 
     monkeypatch.setenv(build_llamacpp.ROOT_ENV, str(build_llamacpp.default_root()))
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path_factory.mktemp("eaglespec-cache")))
+    # one dequantized copy of the default .gguf for the whole session: the first load writes it
+    monkeypatch.setenv("EAGLESPEC_GGUF_COPIES", str(tmp_path_factory.getbasetemp() / "gguf-copies"))
     monkeypatch.delenv("EAGLESPEC_RETUNE", raising=False)
     monkeypatch.setenv("EAGLESPEC_COMPILE", "off")  # eager unless a test asks for the compiled path
 

@@ -315,10 +315,28 @@ def check_device(name: str, fix: str = "pass --device cpu, or cuda[:N] on a mach
 
 def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                 check: bool = True) -> TargetModel:
-    """Load a target from a local HF directory, a .gguf file, or the default SmolLM2 package."""
+    """Load a target from a local HF directory, a .gguf file, or the default SmolLM2 package (a
+    .gguf file's dequantized copy, once kept: gguf_copy.py)."""
     check_device(device)
     folder, gguf = resolve_target(name_or_path)  # both before transformers' slow import
+    from . import gguf_copy
 
+    copy = gguf_copy.locate(Path(folder) / gguf, dtype) if gguf else None
+    loaded = gguf_copy.load(*copy, dtype) if copy else None
+    if loaded is None:
+        tokenizer, model = _load_hf(folder, gguf, dtype, name_or_path)
+        if copy:
+            gguf_copy.write(*copy, model, tokenizer)
+    else:
+        tokenizer, model = loaded
+    target = TargetModel(model.to(device), tokenizer, name=name_or_path or DEFAULT_TARGET)
+    if check:
+        target.check_tree_forward()
+    return target
+
+
+def _load_hf(folder: str, gguf: str | None, dtype: torch.dtype, name_or_path: str | None):
+    """transformers' own loading of a model directory or a .gguf file -> (tokenizer, model)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -344,10 +362,7 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
         hf_logging.set_verbosity(verbosity)
         if bars_were_on:
             hf_logging.enable_progress_bar()
-    target = TargetModel(model.to(device), tokenizer, name=name_or_path or DEFAULT_TARGET)
-    if check:
-        target.check_tree_forward()
-    return target
+    return tokenizer, model
 
 
 @contextlib.contextmanager
