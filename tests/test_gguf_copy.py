@@ -11,6 +11,12 @@ from conftest import tiny_config, tiny_model
 from eaglespec.engine import gguf_copy
 
 
+def _hf(dtype):
+    from eaglespec.engine.target import _load_hf
+
+    return lambda folder: _load_hf(str(folder), None, dtype, None)
+
+
 @pytest.fixture
 def copies(tmp_path, monkeypatch):
     monkeypatch.setenv(gguf_copy.COPIES_ENV, str(tmp_path / "copies"))
@@ -26,11 +32,11 @@ def test_a_copy_round_trips_and_is_keyed_by_the_file_and_dtype(copies, capsys):
     config.tie_word_embeddings = True  # as SmolLM2's: the LM head is the embedding
     model, tokenizer = AutoModelForCausalLM.from_config(config), tiny_tokenizer()
     folder, key = gguf_copy.locate(copies, torch.float32)
-    assert gguf_copy.load(folder, key, torch.float32) is None  # nothing kept yet
+    assert gguf_copy.load(folder, key, _hf(torch.float32)) is None  # nothing kept yet
     gguf_copy.write(folder, key, model, tokenizer)
     assert "kept a dequantized copy" in capsys.readouterr().err
     assert not list(folder.parent.glob(".*partial*"))
-    tok, back = gguf_copy.load(folder, key, torch.float32)
+    tok, back = gguf_copy.load(folder, key, _hf(torch.float32))
     mine, theirs = model.state_dict(), back.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert back.lm_head.weight.data_ptr() == back.model.embed_tokens.weight.data_ptr()  # still tied
@@ -49,12 +55,12 @@ def test_an_unfinished_or_damaged_copy_is_never_trusted(copies, capsys):
     folder, key = gguf_copy.locate(copies, torch.float32)
     gguf_copy.write(folder, key, model, tokenizer)
     (folder / gguf_copy.KEY_FILE).unlink()  # as a write interrupted before its last file
-    assert gguf_copy.load(folder, key, torch.float32) is None
+    assert gguf_copy.load(folder, key, _hf(torch.float32)) is None
     gguf_copy.write(folder, key, model, tokenizer)  # written again over the leftover
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     capsys.readouterr()
-    assert gguf_copy.load(folder, key, torch.float32) is None
+    assert gguf_copy.load(folder, key, _hf(torch.float32)) is None
     assert "ignored the damaged copy" in capsys.readouterr().err and not folder.exists()
 
 
@@ -77,10 +83,13 @@ def test_the_default_targets_copy_is_its_gguf_model(tmp_path, monkeypatch):
     first = target_module.load_target(None, check=False)
     assert len(list((tmp_path / "copies").iterdir())) == 1
 
-    def refuse(*args):
-        raise AssertionError("the .gguf was read again")
+    real = target_module._load_hf
 
-    monkeypatch.setattr(target_module, "_load_hf", refuse)
+    def only_the_copy(folder, gguf, *args):
+        assert gguf is None, "the .gguf was read again"
+        return real(folder, gguf, *args)
+
+    monkeypatch.setattr(target_module, "_load_hf", only_the_copy)
     second = target_module.load_target(None, check=False)
     a, b = first.model.state_dict(), second.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -57,26 +57,23 @@ def _version(package: str) -> str | None:
         return None
 
 
-def load(folder: Path, key: dict, dtype: torch.dtype):
-    """-> (tokenizer, model) from a whole copy made under `key`, or None: there is none, or it was
-    damaged (removed and said so; the caller loads the .gguf and writes it again)."""
+def load(folder: Path, key: dict, loader):
+    """-> loader(folder) (the caller's Hugging Face loading of a model folder) for a whole copy
+    made under `key`, or None: there is none, or it was damaged (removed and said so; the caller
+    loads the .gguf and writes it again)."""
     try:
         trusted = json.loads((folder / KEY_FILE).read_text()).get("key") == key
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         trusted = False
     if not trusted:
         return None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        return loader(folder)
     except Exception as exc:  # a truncated safetensors file, a deleted tokenizer: load the .gguf again
         print(f"note: ignored the damaged copy {folder} ({one_line(exc)}); reading the .gguf file and writing it again",
               file=sys.stderr)
         shutil.rmtree(folder, ignore_errors=True)
         return None
-    return tokenizer, model
 
 
 def write(folder: Path, key: dict, model, tokenizer) -> None:

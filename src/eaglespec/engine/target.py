@@ -322,7 +322,7 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
     from . import gguf_copy
 
     copy = gguf_copy.locate(Path(folder) / gguf, dtype) if gguf else None
-    loaded = gguf_copy.load(*copy, dtype) if copy else None
+    loaded = gguf_copy.load(*copy, lambda where: _load_hf(str(where), None, dtype, name_or_path)) if copy else None
     if loaded is None:
         tokenizer, model = _load_hf(folder, gguf, dtype, name_or_path)
         if copy:
