@@ -344,8 +344,15 @@ def test_adaptive_tree_keeps_a_tree_that_pays_and_drops_one_that_does_not():
         policy.observe(2)  # tau 2.0 as predicted: 3 nodes stay best (2.0 / 12 ms beats 2.3 / 16 ms)
     assert policy.level == 2 and policy.history == [2]
     for _ in range(8):
-        policy.observe(1)  # nothing accepted: every tree now costs more than it brings
-    assert policy.tree is None and policy.history == [2, 0]
+        policy.observe(1)  # one bad window after a good one: judged on all 16 steps (tau 1.5), it stays
+    assert policy.level == 2 and policy.history == [2]
+    bad = 8
+    while policy.tree is not None:
+        policy.observe(1)  # nothing accepted on and on: every tree now costs more than it brings
+        bad += 1
+    # down, never up, within a few windows: the 1-node tree at the fourth (tau 1.25 over 32 steps),
+    # then vanilla after its own first window
+    assert bad == 32 and policy.history == [2, 1, 0]
     for _ in range(19):
         policy.observe(1)
     assert policy.level == 0
@@ -353,7 +360,7 @@ def test_adaptive_tree_keeps_a_tree_that_pays_and_drops_one_that_does_not():
     assert policy.level == 1
     for _ in range(8):
         policy.observe(3)  # better than calibrated: back to the 3-node tree
-    assert policy.level == 2 and policy.history == [2, 0, 1, 2]
+    assert policy.level == 2 and policy.history == [2, 1, 0, 1, 2]
 
 
 def test_a_failed_probe_doubles_the_wait_for_the_next_and_a_kept_tree_resets_it():

@@ -449,10 +449,10 @@ class AdaptiveTree:
         return self.ladder[self.level][0]
 
     def _move(self, level: int) -> None:
-        if level != self.level:
+        if level != self.level:  # staying keeps the evidence: a tree is judged on all its steps so far
             self.level = level
             self.history.append(level)
-        self.steps = self.emitted = 0
+            self.steps = self.emitted = 0
 
     def observe(self, emitted: int) -> None:
         """One step of a lone sequence that emitted `emitted` tokens with the current tree."""
@@ -464,7 +464,7 @@ class AdaptiveTree:
                 self.probing = True
                 self._move(1)  # the smallest tree: the cheapest probe
             return
-        if self.steps < self.window:
+        if self.steps % self.window:
             return
         scale = (self.emitted / self.steps - 1.0) / max(tau_predicted - 1.0, 1e-9)
         speeds = [(1.0 + (tau - 1.0) * scale) / cost for _, tau, cost in self.ladder]
