@@ -63,8 +63,8 @@ def _compare_vanilla(gen, ids: list[int], args, sampling, shown) -> None:
     paired = paired_speedup(rounds)
     # a sample is expected to differ only in the speculative mode or without a seed
     held = sampling.greedy or (sampling.mode == REPRODUCIBLE and args.seed is not None)
-    same = eagle_ids == {tuple(shown.token_ids)} == {tuple(vanilla.token_ids)}
-    same = "identical" if same else "DIFFERENT" if held else "different (sampling)"
+    equal = eagle_ids == {tuple(shown.token_ids)} == {tuple(vanilla.token_ids)}
+    same = "identical" if equal else "DIFFERENT" if held else "different (sampling)"
     spread = f", rounds {paired.low:.2f}-{paired.high:.2f}x" if len(rounds) > 1 else ""
     print(f"[vanilla]   new tokens={len(vanilla.token_ids)} target forwards={vanilla.target_forwards} "
           f"tokens/s={paired.vanilla_tokens_per_second:.1f} (EAGLE {paired.tokens_per_second:.1f}) "

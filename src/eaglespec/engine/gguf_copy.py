@@ -36,13 +36,9 @@ def locate(gguf: Path, dtype: torch.dtype) -> tuple[Path, dict] | None:
     setting = os.environ.get(COPIES_ENV, "").strip()
     if setting.lower() in ("off", "0", "no", "false"):
         return None
-    import gguf as gguf_package
-    import transformers
-
     stat = gguf.stat()
     key = {"scheme": SCHEME, "file": str(gguf.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-           "dtype": str(dtype).removeprefix("torch."), "transformers": transformers.__version__,
-           "gguf": getattr(gguf_package, "__version__", None) or _version("gguf")}
+           "dtype": str(dtype).removeprefix("torch."), "transformers": _version("transformers"), "gguf": _version("gguf")}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(setting).expanduser() if setting else cache_dir() / "targets"
     return root / f"{gguf.stem}-{digest}", key
