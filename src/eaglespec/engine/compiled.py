@@ -35,6 +35,7 @@ cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/ben
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -254,11 +255,103 @@ class _Attention:
         self.saved.clear()
 
 
-def _inductor_options(autotune: bool) -> dict:
+def _inductor_options(autotune: bool, package: bool = False) -> dict:
     """Inductor's settings for a step: freezing (the weights become constants, pre-packed for its
-    C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr."""
-    return {"freezing": True, "max_autotune": autotune, "autotune_num_choices_displayed": 0,
-            "max_autotune_report_choices_stats": False}
+    C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr. package: an
+    AOTInductor package keeps its constants as separate tensors beside the .so (SharedConstants)."""
+    options = {"freezing": True, "max_autotune": autotune, "autotune_num_choices_displayed": 0,
+               "max_autotune_report_choices_stats": False}
+    if package:
+        options.update({"aot_inductor.package_constants_in_so": False,
+                        "aot_inductor.package_constants_on_disk_format": "pickle_weights"})
+    return options
+
+
+@contextlib.contextmanager
+def _unique_constant_names():
+    """While a package is built: every constant inductor adds gets an original name of its own.
+
+    AOTInductor keys a package's constants by their original name (the model's fqn, or the name a
+    pass asked for), in weights_config.json and in `load_constants`. When a pass adds several
+    different tensors under one requested name (the q/k/v weights inductor packs for its GEMMs
+    become "constant66", "constant66_0", "constant66_1", all with the original name "constant66";
+    torch 2.13), the pickled weights keep one of them and loading the rest fails ("Cannot find
+    constants constant66_0"). A tensor whose requested name is already taken keeps its allocated
+    (unique) name as its original name. A parameter's fqn is never taken twice, so no module
+    tensor's name changes. Without the hook (another torch): None, and packages keep their
+    constants inside the .so."""
+    from torch._inductor.graph import GraphLowering
+
+    allocate = getattr(GraphLowering, "allocate_non_dup_const_name", None)
+    if allocate is None:
+        yield False
+        return
+
+    def unique(self, name, data):
+        new = allocate(self, name, data)
+        original = self.allocated_constant_name.get(new)
+        if original is not None and new != original and any(
+                o == original for k, o in self.allocated_constant_name.items() if k != new):
+            self.allocated_constant_name[new] = new
+        return new
+
+    GraphLowering.allocate_non_dup_const_name = unique
+    try:
+        yield True
+    finally:
+        GraphLowering.allocate_non_dup_const_name = allocate
+
+
+class SharedConstants:
+    """The constants of every package this process loads, held once.
+
+    A frozen graph carries its weights: the module's own tensors and the copies inductor packed for
+    its GEMMs. Inside the .so (AOTInductor's default) each package loads its own: four query sizes
+    of SmolLM2-135M held 4 x 657 MB, and a generate process peaked at 6.5 GB. So packages are built
+    with their constants beside the .so (`aot_inductor.package_constants_on_disk_format =
+    "pickle_weights"`: data/weights/ and the model's weights_config.json, name -> file, shape,
+    stride, offset) and bound here with `load_constants(user_managed=True)`, which keeps our
+    pointers: a constant that names one of the module's own tensors (same shape, stride and dtype;
+    the artefact key and the package name pin those weights) is that tensor, and every other
+    constant is shared by its bytes' SHA-256 (packing depends on the GEMM's register blocking, which
+    the query sizes share). Files are read with `torch.load(weights_only=True)`."""
+
+    CONFIG = "data/aotinductor/model/weights_config.json"
+
+    def __init__(self):
+        self.tensors: dict[str, torch.Tensor] = {}   # by the SHA-256 of their pickled bytes
+        self.bytes_read = 0
+
+    def bind(self, runner, path, module: torch.nn.Module) -> None:
+        import hashlib
+        import io
+        import json
+        import zipfile
+
+        with zipfile.ZipFile(path) as archive:
+            configs = [n for n in archive.namelist() if n.endswith(self.CONFIG)]
+            if not configs:
+                return  # constants inside the .so
+            root = configs[0][: -len(self.CONFIG)]
+            own = dict(module.state_dict())
+            constants = {}
+            for name, (file, shape, stride, offset) in json.loads(archive.read(configs[0])).items():
+                mine = own.get(name)
+                if (mine is not None and list(mine.shape) == shape and list(mine.stride()) == stride
+                        and offset == 0 and mine.storage_offset() == 0):
+                    constants[name] = mine
+                    continue
+                data = archive.read(f"{root}data/weights/{file}")
+                self.bytes_read += len(data)
+                digest = hashlib.sha256(data).hexdigest()
+                if digest not in self.tensors:
+                    self.tensors[digest] = torch.load(io.BytesIO(data), weights_only=True)
+                constants[name] = self.tensors[digest].as_strided(shape, stride, offset)
+        runner.load_constants(constants, check_full_update=True, user_managed=True)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
 class _Jit:
@@ -417,6 +510,7 @@ class CompiledSteps:
         self.autotune = autotune
         self.folder = folder
         self.stats = CompileStats()
+        self.constants = SharedConstants()
         self._runners: dict[tuple, object] = {}
         self._untied: torch.nn.Module | None = None
         self._digests: dict[tuple, str] = {}  # weights_digest by the module's tensors (a drafter per tree asks again)
@@ -487,7 +581,7 @@ class CompiledSteps:
         path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
         if path.is_file():
             try:
-                return torch._inductor.aoti_load_package(str(path))
+                return self._load(path, module)
             except Exception as exc:  # a damaged or foreign file: rebuilt
                 self._say(f"note: ignored the compiled package {path} ({one_line(exc)}); building it again")
                 path.unlink(missing_ok=True)
@@ -501,13 +595,31 @@ class CompiledSteps:
             return _Jit(module, self.autotune)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
         try:
-            with torch._inductor.config.patch(_inductor_options(self.autotune)):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            with _unique_constant_names() as apart:
+                try:
+                    self._package(program, partial, apart)
+                except Exception as exc:
+                    if not apart or "OpaqueTensorImpl" not in str(exc):
+                        raise
+                    # oneDNN's packed weights (an opaque tensor: max-autotune's pick for some shapes)
+                    # cannot be pickled beside the .so; inside it they load unshared (a minute more, once)
+                    self._say("  its constants include oneDNN-packed weights, which only the .so can hold: "
+                              "building it again with them inside (this graph's weights are not shared)")
+                    self._package(program, partial, False)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
         self._say(f"  built in {time.perf_counter() - began:.0f} s")
-        return torch._inductor.aoti_load_package(str(path))
+        return self._load(path, module)
+
+    def _package(self, program, path, apart: bool) -> None:
+        with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+    def _load(self, path, module: torch.nn.Module):
+        runner = torch._inductor.aoti_load_package(str(path))
+        self.constants.bind(runner, path, module)
+        return runner
 
     @torch.no_grad()
     def verify_rows(self, input_ids, rows: StaticRows, tree_mask, depth, sizes: list[int], layers=None):

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ARTEFACT_SCHEME = 3  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention)
+ARTEFACT_SCHEME = 4  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention;
+# 4: constants beside the .so, shared across packages)
 MANIFEST = "eaglespec-compiled.json"
 SOFTWARE = ("torch", "transformers", "eaglespec")  # a folder made under other versions is never loaded
 NOTE_BYTES = 1 << 30  # stale folders above this size get a note when a new folder is made

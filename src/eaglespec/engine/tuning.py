@@ -197,8 +197,8 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
             ratios[case].append(timed(cases[case]) / steps[-1])
     step = statistics.median(steps)
     ratio = {case: statistics.median(rs) for case, rs in ratios.items()}
-    noise = max(_spread(ts) / max(median, NOISE_FLOOR)  # in seconds, as ratios times the vanilla step
-                for ts, median in [(steps, step), *(([r * step for r in rs], ratio[c] * step) for c, rs in ratios.items())])
+    noise = max([_noise(steps, step)] + [_noise([r * step for r in rs], ratio[case] * step)  # costs in seconds
+                                         for case, rs in ratios.items()])
     return step, {n: (ratio[("draft", n)] * step, ratio[("verify", n)] * step) for n in trees}, noise
 
 
@@ -326,13 +326,15 @@ def step_costs(gen, trees: dict[int, StaticTree], reps: int = 5, cache: Path | N
     return CostCurve(vanilla, costs, f"{note}cost curve measured now in {took:.0f} s, {where}{_noise_note(noise)}")
 
 
-def _spread(times: list[float]) -> float:
+def _noise(times: list[float], median: float) -> float:
+    """Interquartile range / median of some timings (seconds); a median under NOISE_FLOOR counts as
+    NOISE_FLOOR, and fewer than two timings are no noise."""
     if len(times) < 2:
         return 0.0
     import statistics
 
     q1, _, q3 = statistics.quantiles(times, n=4)
-    return q3 - q1
+    return (q3 - q1) / max(median, NOISE_FLOOR)
 
 
 def _quietest(gen, trees, reps: int, batch: int):
