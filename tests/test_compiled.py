@@ -291,12 +291,15 @@ def test_packages_share_their_constants(tmp_path):
 
     torch.testing.assert_close(verify(target, 1), verify(eager, 1), rtol=1e-5, atol=1e-5)
     pool = target.steps.constants
-    first = dict(pool.tensors)
+    first, read = dict(pool.tensors), pool.bytes_read
+    (package,) = tmp_path.glob("step-*.pt2")
+    stored = sum(i.file_size for i in zipfile.ZipFile(package).infolist() if "/data/weights/" in i.filename)
+    assert 0 < read < stored  # the module's own tensors (norms, embedding) were bound, not read
     torch.testing.assert_close(verify(target, 2), verify(eager, 2), rtol=1e-5, atol=1e-5)
     packages = sorted(tmp_path.glob("step-*.pt2"))
-    assert len(packages) == 2 and first and pool.tensors.keys() == first.keys()  # the second added nothing
-    stored = sum(i.file_size for i in zipfile.ZipFile(packages[0]).infolist() if "/data/weights/" in i.filename)
-    assert pool.nbytes < stored  # the module's own tensors (norms, embedding) were bound, not copied
+    assert len(packages) == 2 and all(any(n.endswith(compiled.SharedConstants.CONFIG) for n in zipfile.ZipFile(p).namelist())
+                                      for p in packages)  # both keep their constants beside the .so
+    assert first and pool.tensors.keys() == first.keys() and pool.bytes_read > read  # read, and found in the pool
 
 
 class _FakeGraph:
@@ -329,26 +332,38 @@ def test_constants_a_pass_names_alike_get_original_names_of_their_own():
 
 
 @needs_cxx
-def test_a_graph_with_opaque_constants_is_packaged_with_them_inside(tmp_path, monkeypatch, capsys):
-    """oneDNN's packed weights cannot be pickled beside the .so: the graph is built again with its
-    constants inside it, said so, and loads (unshared)."""
+@pytest.mark.parametrize("fails", ["package", "bind"])
+def test_a_graph_whose_constants_cannot_be_shared_is_packaged_with_them_inside(tmp_path, monkeypatch, capsys, fails):
+    """Constants that cannot be kept beside the .so (oneDNN's opaque packed weights cannot be
+    pickled) or do not bind: the graph is built again with them inside, said so, never kept
+    half-working, and decodes what eager does."""
+    import zipfile
+
     target = tiny_target("llama")
     steps = CompiledSteps(target, progress=True, autotune=False, folder=tmp_path)
     calls = []
-    package = steps._package
+    package, bind = steps._package, steps.constants.bind
 
-    def opaque_once(program, path, apart):
+    def failing_package(program, path, apart):
         calls.append(apart)
-        if apart:
+        if apart and fails == "package":
             raise RuntimeError("NotImplementedError: Cannot access storage of OpaqueTensorImpl")
         package(program, path, apart)
 
-    monkeypatch.setattr(steps, "_package", opaque_once)
+    def failing_bind(runner, path, module):
+        if fails == "bind" and calls == [True]:
+            raise RuntimeError("Cannot find constants constant66_0 in constants_map!")
+        bind(runner, path, module)
+
+    monkeypatch.setattr(steps, "_package", failing_package)
+    monkeypatch.setattr(steps.constants, "bind", failing_bind)
     target.steps = steps
     eager = tiny_target("llama")
     assert ids(EagleGenerator(target, None), 6, speculative=False) == ids(EagleGenerator(eager, None), 6, speculative=False)
-    assert calls == [True, False] and "only the .so can hold" in capsys.readouterr().err
-    assert not steps.constants.tensors  # nothing pooled: the constants are the .so's
+    assert calls == [True, False] and "building it again with them inside" in capsys.readouterr().err
+    (kept,) = tmp_path.glob("step-*.pt2")
+    assert not any(n.endswith(compiled.SharedConstants.CONFIG) for n in zipfile.ZipFile(kept).namelist())
+    assert not steps.constants.tensors and not list(tmp_path.glob(".*partial*"))
 
 
 @needs_cxx

@@ -39,6 +39,7 @@ import contextlib
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -267,6 +268,9 @@ def _inductor_options(autotune: bool, package: bool = False) -> dict:
     return options
 
 
+_HOOK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _unique_constant_names():
     """While a package is built: every constant inductor adds gets an original name of its own.
@@ -275,11 +279,13 @@ def _unique_constant_names():
     pass asked for), in weights_config.json and in `load_constants`. When a pass adds several
     different tensors under one requested name (the q/k/v weights inductor packs for its GEMMs
     become "constant66", "constant66_0", "constant66_1", all with the original name "constant66";
-    torch 2.13), the pickled weights keep one of them and loading the rest fails ("Cannot find
-    constants constant66_0"). A tensor whose requested name is already taken keeps its allocated
-    (unique) name as its original name. A parameter's fqn is never taken twice, so no module
-    tensor's name changes. Without the hook (another torch): None, and packages keep their
-    constants inside the .so."""
+    torch 2.13: its C++ GEMM template prunes the plain weights it packed from the graph's constants,
+    so the next unnamed constant asks for "constant<count>" again), the pickled weights keep one of
+    them and loading the rest fails ("Cannot find constants constant66_0"). A tensor whose
+    requested name is already taken keeps its allocated (unique) name as its original name. A
+    parameter's fqn is never taken twice, so no module tensor's name changes. -> whether the hook
+    is in place (False on a torch without that method: packages then keep their constants inside
+    the .so)."""
     from torch._inductor.graph import GraphLowering
 
     allocate = getattr(GraphLowering, "allocate_non_dup_const_name", None)
@@ -295,11 +301,12 @@ def _unique_constant_names():
             self.allocated_constant_name[new] = new
         return new
 
-    GraphLowering.allocate_non_dup_const_name = unique
-    try:
-        yield True
-    finally:
-        GraphLowering.allocate_non_dup_const_name = allocate
+    with _HOOK:  # one build at a time may hold the hook (a server builds on its worker thread)
+        GraphLowering.allocate_non_dup_const_name = unique
+        try:
+            yield True
+        finally:
+            GraphLowering.allocate_non_dup_const_name = allocate
 
 
 class SharedConstants:
@@ -311,8 +318,9 @@ class SharedConstants:
     with their constants beside the .so (`aot_inductor.package_constants_on_disk_format =
     "pickle_weights"`: data/weights/ and the model's weights_config.json, name -> file, shape,
     stride, offset) and bound here with `load_constants(user_managed=True)`, which keeps our
-    pointers: a constant that names one of the module's own tensors (same shape, stride and dtype;
-    the artefact key and the package name pin those weights) is that tensor, and every other
+    pointers: a constant that names one of the module's own tensors (same shape and stride; the
+    artefact key pins the dtype and the weights, a head's package name its weights) is that
+    tensor, and every other
     constant is shared by its bytes' SHA-256 (packing depends on the GEMM's register blocking, which
     the query sizes share). Files are read with `torch.load(weights_only=True)`."""
 
@@ -334,7 +342,7 @@ class SharedConstants:
                 return  # constants inside the .so
             root = configs[0][: -len(self.CONFIG)]
             own = dict(module.state_dict())
-            constants = {}
+            constants, added = {}, []
             for name, (file, shape, stride, offset) in json.loads(archive.read(configs[0])).items():
                 mine = own.get(name)
                 if (mine is not None and list(mine.shape) == shape and list(mine.stride()) == stride
@@ -346,8 +354,14 @@ class SharedConstants:
                 digest = hashlib.sha256(data).hexdigest()
                 if digest not in self.tensors:
                     self.tensors[digest] = torch.load(io.BytesIO(data), weights_only=True)
+                    added.append(digest)
                 constants[name] = self.tensors[digest].as_strided(shape, stride, offset)
-        runner.load_constants(constants, check_full_update=True, user_managed=True)
+        try:
+            runner.load_constants(constants, check_full_update=True, user_managed=True)
+        except Exception:
+            for digest in added:  # nothing else points at them
+                del self.tensors[digest]
+            raise
 
     @property
     def nbytes(self) -> int:
@@ -594,23 +608,25 @@ class CompiledSteps:
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
             return _Jit(module, self.autotune)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
+        runner = None
         try:
-            with _unique_constant_names() as apart:
-                try:
-                    self._package(program, partial, apart)
-                except Exception as exc:
-                    if not apart or "OpaqueTensorImpl" not in str(exc):
-                        raise
-                    # oneDNN's packed weights (an opaque tensor: max-autotune's pick for some shapes)
-                    # cannot be pickled beside the .so; inside it they load unshared (a minute more, once)
-                    self._say("  its constants include oneDNN-packed weights, which only the .so can hold: "
-                              "building it again with them inside (this graph's weights are not shared)")
-                    self._package(program, partial, False)
+            try:  # constants beside the .so, shared; bound before the package is kept
+                with _unique_constant_names() as apart:
+                    if apart:
+                        self._package(program, partial, True)
+                        runner = self._load(partial, module)
+            except Exception as exc:
+                # e.g. oneDNN's packed weights (opaque tensors: max-autotune's pick for some shapes)
+                # cannot be pickled; inside the .so they load unshared (the graph is built again, once)
+                self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "
+                          "building it again with them inside (this graph's weights are not shared)")
+            if runner is None:
+                self._package(program, partial, False)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
         self._say(f"  built in {time.perf_counter() - began:.0f} s")
-        return self._load(path, module)
+        return runner if runner is not None else self._load(path, module)
 
     def _package(self, program, path, apart: bool) -> None:
         with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
