@@ -320,9 +320,9 @@ class SharedConstants:
     stride, offset) and bound here with `load_constants(user_managed=True)`, which keeps our
     pointers: a constant that names one of the module's own tensors (same shape and stride; the
     artefact key pins the dtype and the weights, a head's package name its weights) is that
-    tensor, and every other
-    constant is shared by its bytes' SHA-256 (packing depends on the GEMM's register blocking, which
-    the query sizes share). Files are read with `torch.load(weights_only=True)`."""
+    tensor, and every other constant is shared by its bytes' SHA-256 (packing depends on the
+    GEMM's register blocking, which SmolLM2's 1-, 2- and 4-token graphs share here). Files are read
+    with `torch.load(weights_only=True)`."""
 
     CONFIG = "data/aotinductor/model/weights_config.json"
 
