@@ -363,10 +363,6 @@ class SharedConstants:
                 del self.tensors[digest]
             raise
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
-
 
 class _Jit:
     """A graph compiled in this process (torch.compile), called like a loaded package."""

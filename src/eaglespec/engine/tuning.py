@@ -417,9 +417,10 @@ class AdaptiveTree:
     (the cost curve), and vanilla decoding (tau 1, one vanilla step). Every `window` steps the
     tau observed with the current tree, over all its steps since it was taken, rescales every
     size's predicted acceptance (tau - 1 times observed / predicted, the head being as much better
-    or worse than calibrated on this text at every size), and the size with the best predicted tokens per second, tau / cost, is taken
-    (vanilla included). Speed is judged from the cost curve, not from the clock: wall time over
-    a few steps on a shared machine is noisier than the differences being judged. At vanilla no
+    or worse than calibrated on this text at every size), and the size with the best predicted
+    tokens per second, tau / cost, is taken (vanilla included). Speed is judged from the cost
+    curve, not from the clock: wall time over a few steps on a shared machine is noisier than the
+    differences being judged. At vanilla no
     acceptance is seen, so after `probe_every` vanilla steps the smallest tree is tried again
     for a window; a probe that ends back at vanilla doubles the wait before the next one (up to
     `max_probe_every`), and one that keeps a tree resets it. A short window (8 steps) and the
