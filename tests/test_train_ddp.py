@@ -59,6 +59,8 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, jobs: list) -> None:
     """One of `world` processes, joined as torchrun's would be (the environment variables that
     `eaglespec train` reads), running the training `jobs` [(config, out_dir)] in turn."""
+    import faulthandler
+    faulthandler.enable(all_threads=True)  # a process that aborts prints every thread's Python stack
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)

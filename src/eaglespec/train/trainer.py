@@ -449,6 +449,10 @@ class Trainer:
         if self.dist.is_main:
             self._save(keep_checkpoint)
         self.dist.barrier()  # no process returns before the head is written
+        if isinstance(self.model, DistributedDataParallel):
+            # DDP's reducer holds the process group: freed now, not when the interpreter exits
+            # (process_group leaves the group next; see there)
+            self.model = self.model.module
         return TrainResult(self.head, self.out_dir, self.step, list(self.history))
 
     def _save(self, keep_checkpoint: bool) -> None:
