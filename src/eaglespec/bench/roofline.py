@@ -7,7 +7,7 @@ caches), on the same threads. The read, each path's vanilla step (eager, compile
 verification steps are timed in shuffled interleaved rounds in one process (medians), as the cost
 curve is, so that a machine shared with other work slows all of them alike.
 
-    python -m eaglespec.bench.roofline [--target ...] [--compile on] [--tokens 1,2,4,8]
+    python -m eaglespec.bench.roofline [--target ...] [--dtype bfloat16] [--compile on] [--tokens 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -78,16 +78,20 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
 
 def main(argv: list[str] | None = None) -> int:
     from ..engine.compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
+    from ..engine.numerics import DTYPES, check_dtype_runs
     from ..engine.target import EagerSteps, load_target
     from ..pause import hold_machine
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.roofline", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None)
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the weights' dtype (bfloat16: on a CPU with native bf16 units; half the bytes)")
     p.add_argument("--tokens", default="1,2,4,8", help="query sizes to time (1 = a vanilla step)")
     p.add_argument("--rounds", type=int, default=9)
     args = p.parse_args(argv)
-    target = load_target(args.target)
+    check_dtype_runs(args.dtype, "cpu")
+    target = load_target(args.target, DTYPES[args.dtype])
     steps = {"eager": EagerSteps(target)}
     on, why = resolve_mode(compile_mode(args.compile), target.device)
     if on:
