@@ -208,3 +208,33 @@ def _wait_state(pid: int, wanted: str, timeout: float = 5.0) -> str:
         if state in wanted or time.monotonic() > deadline:
             return state
         time.sleep(0.02)
+
+
+def test_a_server_that_crashes_while_loading_is_started_again_without_repacking(tmp_path, capsys):
+    """llama-server's repacked AMX kernels segfault while loading on the Intel AMX kind: a server
+    killed by a signal before it answers is started once more with --no-repack, said so; one that
+    exits with an error code, or crashes again, is an EagleError naming the code."""
+    import sys
+
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(
+        "import http.server, os, signal, sys\n"
+        "if '--no-repack' not in sys.argv:\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    binary = _tool(tmp_path / "llama-server", f'exec {sys.executable} {fake} "$@"\n')
+    with LlamaServer(tmp_path / "m.gguf", binary=binary, startup_s=30) as srv:
+        assert srv.cmd[-1] == "--no-repack" and srv.proc.poll() is None
+    assert "crashed while loading (signal 11); starting it again with --no-repack" in capsys.readouterr().err
+    with pytest.raises(EagleError, match="exited with code -11 while loading"):
+        with LlamaServer(tmp_path / "m.gguf", binary=_tool(tmp_path / "always", "kill -SEGV $$\n"), startup_s=30):
+            pass
+    with pytest.raises(EagleError, match="exited with code 3 while loading"):
+        with LlamaServer(tmp_path / "m.gguf", binary=_tool(tmp_path / "fails", "exit 3\n"), startup_s=30):
+            pass

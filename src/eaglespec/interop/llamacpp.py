@@ -181,6 +181,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+NO_REPACK = "--no-repack"  # llama-server's switch for its repacked (AMX, AVX-512) weight layouts
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -211,13 +214,19 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self._log = open(self.log_path, "ab") if self.log_path else tempfile.TemporaryFile()
-        # a session of its own: a Ctrl-Z / fg of the terminal would otherwise SIGCONT a server that a
-        # benchmark keeps stopped between its requests (pause), and it would poll on every core
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-                                     start_new_session=True)
+        self._start()
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self.proc.returncode < 0 and NO_REPACK not in self.cmd:
+                    # killed by a signal while loading: on the Intel AMX kind (a KVM guest) its
+                    # weight repacking for the AMX kernels segfaults in the warm-up run (2026-12-02)
+                    print(f"[eaglespec] llama-server crashed while loading (signal {-self.proc.returncode}); "
+                          f"starting it again with {NO_REPACK} (no weight repacking: its AMX/AVX-512 "
+                          "repacked kernels are off)", file=sys.stderr)
+                    self.cmd.append(NO_REPACK)
+                    self._start()
+                    continue
                 raise EagleError(f"llama-server exited with code {self.proc.returncode} while loading: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
@@ -228,6 +237,12 @@ class LlamaServer:
             time.sleep(0.25)
         self.close()
         raise EagleError(f"llama-server did not come up within {self.startup_s:.0f} s: {self.log_tail()}")
+
+    def _start(self) -> None:
+        # a session of its own: a Ctrl-Z / fg of the terminal would otherwise SIGCONT a server that a
+        # benchmark keeps stopped between its requests (pause), and it would poll on every core
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                     start_new_session=True)
 
     def __exit__(self, *exc) -> None:
         self.close()
