@@ -367,29 +367,6 @@ def test_a_graph_whose_constants_cannot_be_shared_is_packaged_with_them_inside(t
 
 
 @needs_cxx
-def test_bf16_steps_keep_one_gemm_family_and_run_a_single_token_as_two_rows(tmp_path, monkeypatch):
-    """bf16 on a CPU (row_invariant): every graph is built with max-autotune's GEMM choice limited
-    to inductor's C++ GEMMs and a single token runs the 2-row graph (measured bitwise equal to the
-    rows of 4- and 8-token steps on the AMX kind; a 1-row graph or a mix of GEMM families is not);
-    the artefact key and the kernels' name say so, so no measurement of other kernels is reused.
-    fp32 keeps its 1-row graph and max-autotune's free choice."""
-    bf16, fp32 = tiny_target("llama", dtype=torch.bfloat16), tiny_target("llama", dtype=torch.float32)
-    assert compiled.row_invariant(bf16) and not compiled.row_invariant(fp32)
-    built = []
-    real = compiled._inductor_options
-    monkeypatch.setattr(compiled, "_inductor_options", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
-    steps = CompiledSteps(bf16, progress=False, autotune=False, folder=tmp_path)
-    bf16.steps = steps
-    out = ids(EagleGenerator(bf16, None), 4, speculative=False)
-    assert len(out) == 4 and {key[1] for key in steps._runners} == {2}  # (rows, tokens, slots, layers)
-    assert built and all(o["max_autotune_gemm_backends"] == compiled.ROW_INVARIANT_GEMMS for o in built)
-    assert steps.kernels.endswith("-rows2") and compiled.artefact_key(bf16)["gemms"] == compiled.ROW_INVARIANT_GEMMS
-    plain = CompiledSteps(fp32, progress=False, autotune=False)
-    assert plain.query_buckets[0] == 1 and plain.gemms is None and "gemms" not in compiled.artefact_key(fp32)
-    assert "max_autotune_gemm_backends" not in real(True)
-
-
-@needs_cxx
 def test_another_head_of_the_same_kind_never_loads_this_ones_packages(tmp_path):
     """Head packages are named by the head's weights (and the draft LM head's by its own): a second
     head in the same artefact folder builds its own and drafts what it drafts eagerly."""

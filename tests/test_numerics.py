@@ -97,43 +97,9 @@ def test_dtype_auto_takes_the_fastest_with_exact_trees(monkeypatch, bf16_exact, 
     times = {"float32": 0.02, "bfloat16": bf16_step}
     monkeypatch.setattr(numerics, "numerics_for", lambda t, **kw: fake[str(t.dtype).removeprefix("torch.")])
     monkeypatch.setattr(numerics, "step_times", lambda targets: {n: times[n] for n in targets})
-    target, report, why, _ = choose_dtype(tiny_target("llama", dtype=torch.float32), "cpu")
+    target, report, why = choose_dtype(tiny_target("llama", dtype=torch.float32), "cpu")
     assert str(target.dtype) == f"torch.{chosen}" and report.dtype == chosen
     assert why.startswith(f"dtype auto: {chosen}") and "exact up to" in why
-
-
-def test_dtype_auto_judges_each_dtype_on_the_step_that_will_run(monkeypatch):
-    """With --compile, each candidate gets its compiled step before its exactness and its speed are
-    measured: the kernels decide both (on the AMX kind eager bf16 is the slower dtype and compiled
-    bf16 the faster, bitwise exact). The chosen one's compile note comes back with it."""
-    from eaglespec.engine import compiled
-
-    class Marked:
-        builds_steps = True
-
-    monkeypatch.setattr("eaglespec.engine.target.native_bf16_cpu", lambda: True)
-    put = []
-
-    def use_compiled(target, mode="auto", progress=True):
-        put.append((str(target.dtype), mode))
-        target.steps = Marked()
-        return f"compiled {target.dtype}"
-
-    def measured(t, **kw):
-        assert isinstance(t.steps, Marked)  # measured on the step that will run
-        return _report(str(t.dtype).removeprefix("torch."), 8)
-
-    def timed(targets):
-        assert all(isinstance(t.steps, Marked) for t in targets.values())
-        return {"float32": 0.03, "bfloat16": 0.02}
-
-    monkeypatch.setattr(compiled, "use_compiled", use_compiled)
-    monkeypatch.setattr(numerics, "numerics_for", measured)
-    monkeypatch.setattr(numerics, "step_times", timed)
-    target, report, why, note = choose_dtype(tiny_target("llama", dtype=torch.float32), "cpu", compile="on")
-    assert put == [("torch.float32", "on"), ("torch.bfloat16", "on")]
-    assert target.dtype == torch.bfloat16 and note == "compiled torch.bfloat16"
-    assert why.startswith("dtype auto: bfloat16 (the fastest with exact trees on the compiled step")
 
 
 def test_auto_tree_keeps_to_exact_sizes(tmp_path, monkeypatch):

@@ -8,9 +8,7 @@ near the bandwidth floor with a nearly flat cost up to 4-8 rows (docs/benchmarks
 compile time, so the set of graphs is small and fixed, one per bucket of
 
 * query length (QUERY_BUCKETS: a tree is padded to the next one; padding nodes see only
-  themselves, as the batch's padding already does; in bf16 on a CPU a single token is padded to
-  two rows and every graph keeps to inductor's C++ GEMMs, so that verification is bitwise exact:
-  `row_invariant`),
+  themselves, as the batch's padding already does),
 * rows (BATCH_BUCKETS: padding rows are never read),
 * cache length (CACHE_BUCKETS: the static buffers are sized, when a sequence joins, to hold its
   prompt, its budget and a tree, so a step reads a cache sized to its context, not the model's,
@@ -58,20 +56,6 @@ CACHE_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 MODES = ("auto", "on", "off")
 EAGER_QUERIES = 16  # a head step wider than this (a joining prompt's pairs) runs eagerly on the same buffers
 AUTO_TOKENS = 8  # --tree auto measures compiled trees of up to this many tokens (graphs for 1, 2, 4, 8)
-# bf16 on a CPU: one GEMM family for every query size, and a single token run as a 2-row step (see
-# row_invariant): then a token's logits are bitwise the same alone and inside a tree of up to 8
-ROW_INVARIANT_GEMMS = "CPP"
-
-
-def row_invariant(target) -> bool:
-    """Whether the compiled steps of `target` keep to one GEMM family and pad single tokens to two
-    rows. bf16 rounds a product's sum once, so two kernels that sum in different orders disagree by
-    a bf16 step (0.3-0.4 in SmolLM2's logits, measured on the Intel AMX kind), far beyond the
-    exactness rule: max-autotune picks oneDNN for some query sizes and inductor's C++ GEMM for
-    others, and the single-row graph sums otherwise still. Inductor's C++ GEMMs over 2, 4 and 8
-    rows sum each row alike (bitwise equal, measured), so verification is exact. fp32's kernels
-    differ only in summation order (within the rule) and its 1-row graph is the cheaper: unchanged."""
-    return target.dtype == torch.bfloat16 and target.device.type == "cpu"
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -272,15 +256,12 @@ class _Attention:
         self.saved.clear()
 
 
-def _inductor_options(autotune: bool, package: bool = False, gemms: str | None = None) -> dict:
+def _inductor_options(autotune: bool, package: bool = False) -> dict:
     """Inductor's settings for a step: freezing (the weights become constants, pre-packed for its
     C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr. package: an
-    AOTInductor package keeps its constants as separate tensors beside the .so (SharedConstants).
-    gemms: the only GEMM backends max-autotune may pick from (ROW_INVARIANT_GEMMS), or any."""
+    AOTInductor package keeps its constants as separate tensors beside the .so (SharedConstants)."""
     options = {"freezing": True, "max_autotune": autotune, "autotune_num_choices_displayed": 0,
                "max_autotune_report_choices_stats": False}
-    if gemms is not None:
-        options["max_autotune_gemm_backends"] = gemms
     if package:
         options.update({"aot_inductor.package_constants_in_so": False,
                         "aot_inductor.package_constants_on_disk_format": "pickle_weights"})
@@ -386,15 +367,15 @@ class SharedConstants:
 class _Jit:
     """A graph compiled in this process (torch.compile), called like a loaded package."""
 
-    def __init__(self, module: torch.nn.Module, autotune: bool, gemms: str | None = None):
+    def __init__(self, module: torch.nn.Module, autotune: bool):
         self.module = torch.compile(module, dynamic=False)
-        self.autotune, self.gemms = autotune, gemms
+        self.autotune = autotune
         self.attention = _Attention(module)
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
-        with torch._inductor.config.patch(_inductor_options(self.autotune, gemms=self.gemms)), self.attention:
+        with torch._inductor.config.patch(_inductor_options(self.autotune)), self.attention:
             return self.module(*args)
 
 
@@ -529,7 +510,7 @@ class CompiledSteps:
     @property
     def kernels(self) -> str:
         """What a cached measurement of this path's steps depends on (the artefacts' scheme)."""
-        return f"{self.name}-{ARTEFACT_SCHEME}" + ("-rows2" if self.gemms else "")
+        return f"{self.name}-{ARTEFACT_SCHEME}"
 
     def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
@@ -538,9 +519,6 @@ class CompiledSteps:
         self.progress = progress
         self.autotune = autotune
         self.folder = folder
-        invariant = row_invariant(target)
-        self.gemms = ROW_INVARIANT_GEMMS if invariant else None
-        self.query_buckets = QUERY_BUCKETS[1:] if invariant else QUERY_BUCKETS  # the target's steps
         self.stats = CompileStats()
         self.constants = SharedConstants()
         self._runners: dict[tuple, object] = {}
@@ -608,7 +586,7 @@ class CompiledSteps:
         module = module.eval()
         if self.folder is None:
             self._say(f"compiling {what} (in this process)")
-            return _Jit(module, self.autotune, self.gemms)
+            return _Jit(module, self.autotune)
         tag = layers if isinstance(layers, str) else "f" if layers is None else "l" + "-".join(map(str, layers))
         path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
         if path.is_file():
@@ -624,7 +602,7 @@ class CompiledSteps:
                 program = torch.export.export(module, args, strict=False)
         except Exception as exc:  # data-dependent shapes (MoE routing) do not export
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
-            return _Jit(module, self.autotune, self.gemms)
+            return _Jit(module, self.autotune)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
         runner = None
         try:
@@ -647,7 +625,7 @@ class CompiledSteps:
         return runner if runner is not None else self._load(path, module)
 
     def _package(self, program, path, apart: bool) -> None:
-        with torch._inductor.config.patch(_inductor_options(self.autotune, apart, self.gemms)):
+        with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
             torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
     def _load(self, path, module: torch.nn.Module):
@@ -662,7 +640,7 @@ class CompiledSteps:
         from .target import TargetStates
 
         b, n = input_ids.shape
-        q = bucket(n, self.query_buckets)
+        q = bucket(n, QUERY_BUCKETS)
         start, device = rows.length, self.target.device
         visible = torch.cat([rows.valid(start, device)[:, None, :].expand(-1, n, -1), tree_mask.to(device)], dim=2)
         mask, slots = _step_inputs(rows, b, n, q, visible, self.target.dtype, device)
@@ -717,8 +695,7 @@ def artefact_key(target) -> dict:
     return {"scheme": ARTEFACT_SCHEME, **cpu_identity(), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": torch.get_num_threads(), **installed_versions(),
-            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
-            **({"gemms": ROW_INVARIANT_GEMMS, "min_query": 2} if row_invariant(target) else {})}
+            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
 
 
 def artefact_dir(target, root=None) -> tuple[object, str]:

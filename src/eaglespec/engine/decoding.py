@@ -159,14 +159,13 @@ class EagleGenerator:
             head_dir = default_head_dir(tm)  # by the weights' fingerprint, before quantizing
         quantize_target(tm, quantize)
         numerics, numerics_note = None, ""
-        if dtype == "auto":  # each dtype judged on the step that will run: compiled first, where it is
-            tm, numerics, numerics_note, compile_note = choose_dtype(tm, device, retune, compile)
-        else:
-            compile_note = use_compiled(tm, compile)
+        if dtype == "auto":
+            tm, numerics, numerics_note = choose_dtype(tm, device, retune)
+        compile_note = use_compiled(tm, compile)
         if tree == "auto" and head is not None and (numerics is None or tm.steps.builds_steps):
-            # what gates the trees is the kernels that verify them: the step's own query buckets
-            # (cached when choose_dtype measured them), and EAGLE-1's tree's where a head without
-            # acceptance.json would verify that
+            # what gates the trees is the kernels that verify them: choose_dtype measured the eager
+            # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
+            # EAGLE-1's tree's where a head without acceptance.json would verify that)
             sizes = None
             untuned = head_dir is None or not (head_dir / STATS_FILE).is_file()
             if tm.steps.builds_steps and untuned:

@@ -179,68 +179,49 @@ def numerics_for(target, sizes=None, retune: bool = False) -> NumericsReport:
 
 @torch.no_grad()
 def step_times(targets: dict, context: int = 64, reps: int = 6) -> dict[str, float]:
-    """The fastest single-token step of each target on its decoding path (target.steps: the
-    compiled step where one is in place), measured alternately so that a shared machine's load
-    falls on all of them alike. -> name -> seconds."""
+    """The fastest single-token step of each target, measured alternately so that a shared
+    machine's load falls on all of them alike. -> name -> seconds."""
     g = torch.Generator().manual_seed(0)
     first = next(iter(targets.values()))
     prompt = torch.randint(0, min(first.vocab_size, 1000), (1, context), generator=g)
-    token = prompt[:, -1:]
-    steps = {}
+    caches = {}
     for name, t in targets.items():
-        cache = t.new_cache()
-        t.forward(prompt, cache)
-        if t.steps.builds_steps:  # the compiled step: one token after the same context each time
-            rows = t.steps.start_rows(cache, [context], context + 2)
-
-            def step(t=t, rows=rows):
-                rows.crop(context)
-                t.steps.verify_rows(token, rows, torch.ones(1, 1, 1, dtype=torch.bool),
-                                    torch.zeros(1, 1, dtype=torch.long), [1])
-            step()  # a graph built or loaded on first use is not timed
-        else:
-            def step(t=t, cache=cache):
-                t.logits(t.forward(token, cache))
-        steps[name] = step
+        caches[name] = t.new_cache()
+        t.forward(prompt, caches[name])
     best = {name: float("inf") for name in targets}
+    token = prompt[:, -1:]
     for _ in range(reps):
-        for name, step in steps.items():
+        for name, t in targets.items():
             start = time.perf_counter()
-            step()
+            t.logits(t.forward(token, caches[name]))
             best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
-def choose_dtype(target, device: str, retune: bool = False,
-                 compile: str = "off") -> tuple[object, NumericsReport, str, str]:
+def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, NumericsReport, str]:
     """dtype 'auto': of float32 and (on CUDA, or a CPU with native bf16 units) bfloat16, the one
     with the fastest vanilla step among those where trees of 2 tokens or more verify exactly;
-    float32 when none does. Both are judged on the decoding step that will run: with `compile`
-    (auto | on) each candidate gets its compiled step first (compiled.use_compiled: a first start
-    builds both dtypes' graphs), because the kernels decide both the speed and the exactness (on
-    the Intel AMX kind eager bf16 is the slower dtype and compiled bf16 the faster, bitwise exact).
-    target: loaded in float32. -> (target in the chosen dtype, its invariance report, the reason,
-    one line; what use_compiled said for it)."""
+    float32 when none does. target: loaded in float32. -> (target in the chosen dtype, its
+    invariance report, the reason, one line)."""
     import copy
 
-    from .compiled import use_compiled
     from .target import TargetModel, native_bf16_cpu
 
+    reports = {"float32": numerics_for(target, retune=retune)}
     candidates = {"float32": target}
     if str(device).startswith("cuda") or native_bf16_cpu():
-        candidates["bfloat16"] = TargetModel(copy.deepcopy(target.model).to(torch.bfloat16), target.tokenizer,
-                                             target.name, target.quantization)
-    compiled = {name: use_compiled(t, compile) for name, t in candidates.items()}
-    reports = {name: numerics_for(t, retune=retune) for name, t in candidates.items()}
+        low = TargetModel(copy.deepcopy(target.model).to(torch.bfloat16), target.tokenizer, target.name,
+                          target.quantization)
+        candidates["bfloat16"] = low
+        reports["bfloat16"] = numerics_for(low, retune=retune)
     usable = [name for name, r in reports.items() if r.largest_exact() >= 2]
     steps = step_times(candidates)  # now, side by side: a cached time would carry another moment's load
     chosen = min(usable, key=lambda n: steps[n]) if usable else "float32"
     facts = "; ".join(f"{n}: vanilla step {steps[n] * 1000:.1f} ms, exact up to {r.largest_exact()} tokens"
                       for n, r in reports.items())
-    path = " on the compiled step" if candidates[chosen].steps.builds_steps else ""
-    why = (f"the fastest with exact trees{path}" if chosen in usable else
+    why = ("the fastest with exact trees" if chosen in usable else
            "no dtype verifies 2 tokens exactly on this machine: trees need --allow-inexact")
-    return candidates[chosen], reports[chosen], f"dtype auto: {chosen} ({why}; {facts})", compiled[chosen]
+    return candidates[chosen], reports[chosen], f"dtype auto: {chosen} ({why}; {facts})"
 
 
 def main() -> None:
