@@ -229,3 +229,36 @@ def test_an_untuned_head_gets_eagle1s_tree_only_where_it_verifies_exactly():
     gen.head_note = ""
     use_auto_tree(gen, max_tokens=8)  # trees of more than 8 tokens measured inexact
     assert gen.tree is None and "EAGLE-1's tree does not verify exactly" in gen.head_note
+
+
+class SiblingRoundingSteps(RoundingSteps):
+    """Stands in for kernels that verify a chain exactly but round a sibling otherwise (bf16 on the
+    Intel AMX kind: a draft tree's second child, one slot further from its parent than when
+    decoded alone, differed by up to 0.37 in SmolLM2's logits), and only at some cache lengths."""
+
+    odd_lengths_only = False
+
+    def verify_rows(self, input_ids, rows, tree_mask, positions, sizes, layers=None):
+        start = rows.length
+        states, logits = self.eager.verify_rows(input_ids, rows, tree_mask, positions, sizes, layers)
+        n = input_ids.shape[1]
+        # a row whose slot is further from the start than its depth: a sibling placed after another
+        moved = (torch.arange(n) > positions[0].cpu()).tolist()
+        if self.odd_lengths_only and start % 2 == 0:
+            return states, logits
+        return states, [x + 0.01 * x.abs().max() * torch.tensor(moved[:x.shape[0]])[:, None] for x in logits]
+
+
+@pytest.mark.parametrize("odd_lengths_only", [False, True])
+def test_siblings_are_measured_as_well_as_chains_at_several_cache_lengths(odd_lengths_only, monkeypatch):
+    """A chain alone never places a token further from its parent than when decoded alone; a draft
+    tree's siblings do. Kernels that round those rows otherwise, at any of several cache lengths,
+    make every size of 3 tokens or more inexact (2 tokens: the star is the chain)."""
+    target = tiny_target("llama", dtype=torch.float32)
+    steps = SiblingRoundingSteps(target)
+    monkeypatch.setattr(SiblingRoundingSteps, "odd_lengths_only", odd_lengths_only)
+    target.steps = steps
+    report = measure_invariance(target, (1, 2, 3, 4), context=32)
+    assert [r.exact for r in report.rows] == [True, True, False, False] and report.largest_exact() == 2
+    if odd_lengths_only:  # one cache length would have missed it
+        assert all(r.exact for r in measure_invariance(target, (1, 2, 3, 4), context=32, offsets=(0,)).rows)
