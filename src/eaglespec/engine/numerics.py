@@ -95,15 +95,17 @@ def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), cont
     vocab = min(target.vocab_size, int(getattr(target.config, "vocab_size", target.vocab_size)))
     longest = max(sizes)
     top = target.max_context - longest - 1
-    worst: dict[int, list] = {q: [0.0, True, 0.0] for q in sizes}  # q -> [diff, argmax agrees, scale]
+    found: dict[int, list] = {q: [] for q in sizes}  # q -> (diff, argmax agrees, scale) at each length
     for length in sorted({max(1, min(context + o, top)) for o in offsets}):
         prefix = torch.randint(0, vocab, (1, length), generator=g)
         tokens = torch.randint(0, vocab, (1, longest), generator=g)
-        for q, (diff, agrees, scale) in _invariance_at(target, prefix, tokens, sizes, reference).items():
-            w = worst[q]
-            w[0], w[1], w[2] = max(w[0], diff), w[1] and agrees, max(w[2], scale)
-    out = tuple(Invariance(q, diff, agrees, diff == 0.0, scale) for q, (diff, agrees, scale) in worst.items())
-    return NumericsReport(str(target.dtype).removeprefix("torch."), out)
+        for q, row in _invariance_at(target, prefix, tokens, sizes, reference).items():
+            found[q].append(row)
+    out = []
+    for q, rows in found.items():
+        diff = max(d for d, _, _ in rows)
+        out.append(Invariance(q, diff, all(a for _, a, _ in rows), diff == 0.0, max(s for _, _, s in rows)))
+    return NumericsReport(str(target.dtype).removeprefix("torch."), tuple(out))
 
 
 @torch.no_grad()
@@ -199,6 +201,7 @@ def numerics_for(target, sizes=None, retune: bool = False) -> NumericsReport:
     key = {"scheme": 3, **cpu_identity(), "device": str(target.device), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "transformers": transformers.__version__, "target": target.fingerprint(),
            "dtype": str(target.dtype), "quantization": target.quantization, "sizes": list(sizes), "context": CONTEXT,
+           "offsets": list(CONTEXT_OFFSETS),
            "steps": target.steps.kernels}
     path = cache_dir() / f"numerics-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
     if path.is_file() and not (retune or retune_requested()):
