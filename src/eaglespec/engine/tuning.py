@@ -422,8 +422,8 @@ class AdaptiveTree:
     curve, not from the clock: wall time over a few steps on a shared machine is noisier than the
     differences being judged. At vanilla no acceptance is seen, so after `probe_every` vanilla
     steps the smallest tree is tried again for a window; a probe that ends back at vanilla doubles
-    the wait before the next one (up to `max_probe_every`), and one that keeps a tree resets it. A short window (8 steps) and the
-    backoff bound what a head that does not pay on this text costs: about one window at the
+    the wait before the next one (up to `max_probe_every`), and one that keeps a tree resets it.
+    A short window (8 steps) and the backoff bound what a head that does not pay on this text costs: about one window at the
     tuned tree, then one window per probe, ever rarer. Batches of more than one sequence keep the
     per-batch-size choice."""
 
