@@ -423,9 +423,9 @@ class AdaptiveTree:
     differences being judged. At vanilla no acceptance is seen, so after `probe_every` vanilla
     steps the smallest tree is tried again for a window; a probe that ends back at vanilla doubles
     the wait before the next one (up to `max_probe_every`), and one that keeps a tree resets it.
-    A short window (8 steps) and the backoff bound what a head that does not pay on this text costs: about one window at the
-    tuned tree, then one window per probe, ever rarer. Batches of more than one sequence keep the
-    per-batch-size choice."""
+    A short window (8 steps) and the backoff bound what a head that does not pay on this text
+    costs: about one window at the tuned tree, then one window per probe, ever rarer. Batches of
+    more than one sequence keep the per-batch-size choice."""
 
     def __init__(self, ladder: list[tuple[object, float, float]], vanilla: float, start: int,
                  window: int = 8, probe_every: int = 64, max_probe_every: int = 512):
