@@ -122,6 +122,34 @@ def test_batched_compiled_equals_each_sequence_alone():
     assert [r.token_ids[:b] for r, b in zip(results, budgets)] == expected
 
 
+@needs_cxx
+def test_warm_batches_builds_every_step_a_batch_then_runs():
+    """After warm (one row) and warm_batches(2), two chat-length prompts decoded together, drafted
+    and vanilla, build no step: a server's first requests compile nothing. Past the largest rows
+    bucket, warm_batches refuses before building anything."""
+    target = compiled_target("qwen2")
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    with pytest.raises(EagleError, match="largest bucket"):
+        gen.warm_batches(compiled.BATCH_BUCKETS[-1] + 1)
+    assert target.steps.stats.graphs == 0
+    lines = []
+    gen.warm()
+    one_row = target.steps.stats.graphs
+    gen.warm_batches(2, say=lines.append)
+    assert target.steps.stats.graphs > one_row and len(lines) == 2 and "2 rows ready" in lines[1], lines
+    built = target.steps.stats.graphs
+    prompts = [list(range(30, 50)), list(range(60, 87))]
+    for speculative in (True, False):
+        gen.generate_batch(input_ids=prompts, max_new_tokens=12, speculative=speculative, stop_token_ids=set())
+    assert target.steps.stats.graphs == built
+
+
+def test_warm_batches_on_eager_kernels_builds_nothing_and_has_no_bucket_limit():
+    target = tiny_target("qwen2")
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    gen.warm_batches(1000, say=lambda line: pytest.fail(f"eager kernels build nothing: {line}"))
+
+
 # ---- the static cache's bookkeeping (no compiling) -----------------------------------------------
 def test_static_rows_keep_select_extend_like_row_cache():
     """The same appends, accepted paths, leaving and joining on StaticRows and on RowCache leave
@@ -548,3 +576,32 @@ def test_compile_list_and_prune_remove_only_folders_no_start_can_load(tmp_path, 
     assert "removed 3 stale folder(s)" in capsys.readouterr().out
     assert not any(p.exists() for p in (old_scheme, old_torch, damaged))
     assert (current / "step.pt2").is_file() and other_cpu.is_dir()
+
+
+def test_compile_command_builds_the_batch_buckets_and_refuses_what_builds_nothing(monkeypatch, capsys):
+    """`eaglespec compile --max-batch N`: loads the generator (its one-row steps) with the batches
+    it tunes for, then warm_batches(N) with progress lines; --compile off and --max-batch 0 are
+    one-line errors before anything loads."""
+    from eaglespec.cli import commands
+    from eaglespec.cli.commands import main
+
+    calls = []
+
+    class FakeGen:
+        target = type("T", (), {"steps": type("S", (), {"stats": compiled.CompileStats()})()})()
+
+        def warm_batches(self, max_batch, say=None):
+            calls.append(("warm_batches", max_batch))
+            say("batch steps for 2 rows ready: 1 step(s) in 0 s")
+
+    def load(args, max_batch=1):
+        calls.append(("load", max_batch, args.compile))
+        return FakeGen()
+
+    monkeypatch.setattr(commands, "load_generator", load)
+    assert main(["compile", "--max-batch", "4"]) == 0
+    assert calls == [("load", 4, "on"), ("warm_batches", 4)]
+    err = capsys.readouterr().err
+    assert "batch steps for 2 rows ready" in err and "compiled steps ready" in err
+    assert main(["compile", "--compile", "off"]) == 2 and main(["compile", "--max-batch", "0"]) == 2
+    assert "builds nothing" in capsys.readouterr().err and len(calls) == 2

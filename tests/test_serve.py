@@ -280,3 +280,35 @@ def test_serve_cli_options(monkeypatch):
             config_from_args(parser.parse_args(["serve", flag, value]))
     with pytest.raises(EagleError, match="temperature"):
         config_from_args(parser.parse_args(["serve", "--temperature", "-1"]))
+
+
+def test_serve_builds_its_batch_steps_before_it_listens(monkeypatch, capsys):
+    """cmd_serve warms the batch buckets up to --max-batch (EagleGenerator.warm_batches) after
+    loading and before the server runs, and says so on stderr."""
+    import argparse
+
+    from eaglespec.cli import options
+    from eaglespec.serve import app as app_module
+    from eaglespec.serve.cli import register
+
+    events = []
+
+    class FakeGen:
+        def warm_batches(self, max_batch, say=None):
+            events.append(("warm_batches", max_batch))
+            say("batch steps for 2 rows ready: 3 step(s) in 1 s")
+
+    class FakeServer:
+        def run(self):
+            events.append(("run",))
+
+    monkeypatch.setattr(options, "load_generator", lambda args, max_batch=1: FakeGen())
+    monkeypatch.setattr(app_module, "create_app", lambda gen, config: argparse.Namespace(
+        state=argparse.Namespace(model_name="fake")))
+    monkeypatch.setattr(app_module, "server", lambda app, **kw: FakeServer())
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--max-batch", "8"])
+    assert args.func(args) == 0
+    assert events == [("warm_batches", 8), ("run",)]
+    assert "[eaglespec] batch steps for 2 rows ready" in capsys.readouterr().err

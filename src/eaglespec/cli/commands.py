@@ -72,12 +72,11 @@ def _compare_vanilla(gen, ids: list[int], args, sampling, shown) -> None:
           f"            (medians of {len(rounds)} back-to-back rounds of EAGLE and vanilla{spread}; "
           "the streamed run above is not timed against it)", file=sys.stderr)
 
+
 def cmd_compile(args) -> int:
     """Build now what a first start would build: with --tree auto, the cost curve is measured on
     the compiled path (every tree size it weighs); then one short generation per batch bucket up
     to --max-batch builds the vanilla and tree steps at that many rows."""
-    from ..engine.compiled import BATCH_BUCKETS
-
     if args.list or args.prune:
         from ..engine import compiled_cache
 
@@ -93,11 +92,8 @@ def cmd_compile(args) -> int:
     if args.compile == "off":
         raise EagleError("eaglespec compile --compile off builds nothing: drop --compile off")
     start = time.perf_counter()
-    gen = load_generator(args, max_batch=args.max_batch)
-    for rows in (b for b in BATCH_BUCKETS if b <= args.max_batch):
-        prompts = [DEFAULT_PROMPT] * rows
-        gen.generate_batch(prompts, max_new_tokens=8)
-        gen.generate_batch(prompts, max_new_tokens=8, speculative=False)
+    gen = load_generator(args, max_batch=args.max_batch)  # builds the one-row steps (EagleGenerator.warm)
+    gen.warm_batches(args.max_batch, say=lambda line: print(f"[eaglespec] {line}", file=sys.stderr))
     stats = gen.target.steps.stats
     print(f"[eaglespec] {stats.graphs} compiled steps ready in {time.perf_counter() - start:.0f} s "
           f"({stats.seconds:.0f} s building or loading them)", file=sys.stderr)

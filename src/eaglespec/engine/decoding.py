@@ -230,6 +230,33 @@ class EagleGenerator:
         for tree in drafts:
             self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
+    @torch.no_grad()
+    def warm_batches(self, max_batch: int, say: Callable[[str], None] | None = None) -> None:
+        """`warm` for batches: build or load the steps of every rows bucket above one up to
+        max_batch's (2, 4, 8, ...), vanilla and drafted, so that a server's first concurrent
+        requests decode at once instead of compiling inside its loop (minutes a graph on a small
+        CPU; a later start loads them in seconds). The short prompt of 24 tokens, like a chat
+        prompt, is longer than the head's compiled widths, so its prefill pairs run eagerly, as a
+        real prompt's do. say: a progress line per bucket. Eager: nothing to do. A max_batch beyond
+        the largest bucket is an EagleError (before any building)."""
+        from .compiled import BATCH_BUCKETS, bucket
+
+        steps = self.target.steps
+        if not steps.builds_steps:
+            return
+        top = bucket(max_batch, BATCH_BUCKETS)
+        prompt = list(range(1, 25))
+        for rows in (b for b in BATCH_BUCKETS if 1 < b <= top):
+            start, before = time.perf_counter(), steps.stats.graphs
+            if say is not None:
+                say(f"batch steps for {rows} rows: building or loading (minutes a step the first time on a small CPU)")
+            for speculative in (True, False):
+                self.generate_batch(input_ids=[prompt] * rows, max_new_tokens=8, speculative=speculative,
+                                    stop_token_ids=set())
+            if say is not None:
+                say(f"batch steps for {rows} rows ready: {steps.stats.graphs - before} step(s) in "
+                    f"{time.perf_counter() - start:.0f} s")
+
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None, chat_template: bool = True,
                tokenizer=None) -> list[int]:

@@ -95,7 +95,9 @@ def cmd_serve(args) -> int:
         raise EagleError(f"serving needs fastapi and uvicorn: pip install 'eaglespec[serve]' ({exc})") from exc
     if args.seed is not None:
         print("note: --seed is ignored by serve; requests pass their own seed", file=sys.stderr)
-    gen = load_generator(args, max_batch=config.max_batch)
+    gen = load_generator(args, max_batch=config.max_batch)  # the one-row steps are built or loaded here
+    # and the batch buckets' (2, 4, ... up to --max-batch's) before the first request, not inside its step
+    gen.warm_batches(config.max_batch, say=lambda line: print(f"[eaglespec] {line}", file=sys.stderr))
     app = create_app(gen, config)
     auth = "API key required" if config.api_key else "no API key"
     base = f"http://{config.host}:{config.port}"
