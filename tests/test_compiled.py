@@ -218,6 +218,21 @@ def test_no_cxx_compiler(monkeypatch):
     assert "no C++ compiler" in compiled.use_compiled(target, "auto") and target.steps.name == "eager"
 
 
+def test_a_broken_cxx_compiler_is_found_before_inductor_meets_it(monkeypatch, tmp_path):
+    """A compiler on PATH that cannot build a shared library (headers missing, a broken
+    toolchain) is a problem: auto runs eagerly with a one-line note, on is a one-line error."""
+    broken = tmp_path / "g++"
+    broken.write_text("#!/bin/sh\necho 'probe.cpp:1:10: fatal error: vector: No such file or directory' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    problem = compiled.compiler_problem()
+    assert problem is not None and "cannot build a shared library" in problem and "vector" in problem
+    on, why = resolve_mode("auto", torch.device("cpu"))
+    assert not on and "cannot build" in why and "\n" not in why
+    with pytest.raises(EagleError, match=r"--compile on: the C\+\+ compiler .* cannot build.*--compile off"):
+        resolve_mode("on", torch.device("cpu"))
+
+
 def test_no_cxx_compiler_cli(monkeypatch, capsys):
     from eaglespec.cli.commands import main
 

@@ -36,9 +36,12 @@ cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/ben
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -68,10 +71,33 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 def compiler_problem() -> str | None:
     """Why inductor's C++ backend cannot run here, or None: it needs a C++ compiler ($CXX, else
-    g++ or c++ on PATH)."""
+    g++ or c++ on PATH) that builds a shared library (tried once per process and compiler)."""
     names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
-    if not any(shutil.which(n) for n in names):
+    found = next((path for path in map(shutil.which, names) if path), None)
+    if found is None:
         return f"no C++ compiler found ({' or '.join(names)} not on PATH)"
+    return _build_problem(found)
+
+
+_PROBE = '#include <vector>\nextern "C" int eaglespec_probe() { std::vector<int> v{1, 2}; return v[1]; }\n'
+
+
+@functools.lru_cache(maxsize=None)
+def _build_problem(cxx: str) -> str | None:
+    """Why `cxx` cannot build a small C++17 shared library with the standard library (what
+    inductor builds, in miniature: a second), or None."""
+    with tempfile.TemporaryDirectory(prefix="eaglespec-cxx-") as tmp:
+        source = os.path.join(tmp, "probe.cpp")
+        with open(source, "w") as f:
+            f.write(_PROBE)
+        cmd = [cxx, "-std=c++17", "-shared", "-fPIC", source, "-o", os.path.join(tmp, "probe.so")]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"the C++ compiler {cxx} does not run ({one_line(exc)})"
+    if done.returncode != 0:
+        said = " ".join((done.stderr or done.stdout or f"exit {done.returncode}").split())
+        return f"the C++ compiler {cxx} cannot build a shared library ({said[-200:]})"
     return None
 
 
@@ -89,8 +115,8 @@ def resolve_mode(mode: str, device: torch.device) -> tuple[bool, str]:
     problem = compiler_problem() if device.type == "cpu" else None
     if problem is not None:
         if mode == "on":
-            raise EagleError(f"--compile on: {problem}; install one (apt-get install g++) or use --compile off")
-        return False, f"eager kernels: {problem} (install g++ for the compiled path)"
+            raise EagleError(f"--compile on: {problem}; install a working one (apt-get install g++) or use --compile off")
+        return False, f"eager kernels: {problem} (install a working g++ for the compiled path)"
     return True, f"compiled step (inductor, max-autotune GEMMs, frozen weights{'' if mode == 'on' else '; --compile off for eager'})"
 
 
