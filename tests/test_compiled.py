@@ -50,8 +50,9 @@ def drafted(gen, n=24):
 @needs_cxx
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_vanilla_and_eagle_equal_eager_vanilla(arch):
-    """Vanilla and EAGLE on the compiled step give eager vanilla's ids, and the compiled head
-    drafts the very trees the eager head drafts."""
+    """Vanilla and EAGLE on the compiled step give eager vanilla's ids, the compiled head drafts
+    the very trees the eager head drafts, and a 4-token chain's logits and features (the
+    verification graph those runs built) equal the eager forward's within fp32 rounding."""
     eager = tiny_target(arch)
     reference = ids(EagleGenerator(eager, None), speculative=False)
     target = compiled_target(arch)
@@ -63,6 +64,20 @@ def test_compiled_vanilla_and_eagle_equal_eager_vanilla(arch):
     assert {k[:2] for k in keys if k[3] is None} == {(1, 1), (1, 4)}  # the target: vanilla, root + 3 drafts
     assert any(isinstance(k[3], str) and k[3].startswith("heagle1-") for k in keys)  # the head's steps compiled too
     assert any(isinstance(k[3], str) and k[3].startswith("deagle1-") for k in keys)  # and its draft LM head
+    chain, depth = torch.ones(1, 4, 4, dtype=torch.bool).tril(), torch.arange(4)[None]
+    out = []
+    for t in (eager, target):
+        cache = t.new_cache()
+        t.forward(torch.tensor([PROMPT]), cache)
+        states, logits = t.verify_rows(torch.tensor([[3, 4, 5, 6]]), t.start_rows(cache, [len(PROMPT)], 32), chain,
+                                       depth, [4])
+        out.append((states.features[0, :4], logits[0]))
+    (f_e, l_e), (f_c, l_c) = out
+    assert l_c.shape == l_e.shape == (4, eager.vocab_size)
+    # within fp32 rounding, not fp64's: HF computes RoPE's angles in fp32 whatever the model's dtype,
+    # and the compiled kernels round those otherwise (2.4e-7 seen on logits of magnitude 4)
+    assert (l_c - l_e).abs().max() <= 1e-5 * max(1.0, l_e.abs().max().item()) and (f_c - f_e).abs().max() <= 1e-5
+    assert set(target.steps._runners) == keys  # no graph beyond those the generations built
 
 
 @needs_cxx
