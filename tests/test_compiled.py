@@ -286,6 +286,13 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
         (folder / name).write_bytes(b"package")
     assert artefact_dir(target, tmp_path) == (folder, "")  # same key: trusted, kept
     assert (folder / "inductor" / "artefact").is_file()
+    # half-written packages: a killed compile's (no such process) removed, said so; a live one's kept
+    dead, alive = folder / ".step-1x2x512-f.999999999.partial.pt2", folder / f".step-1x4x512-f.{os.getpid()}.partial.pt2"
+    dead.write_bytes(b"x" * 3_000_000)
+    alive.write_bytes(b"x")
+    _, note = artefact_dir(target, tmp_path)
+    assert not dead.exists() and alive.exists() and "removed 1 half-written" in note and "(3 MB)" in note
+    alive.unlink()
     assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(packages)
     # another target (other weights) gets another folder
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)

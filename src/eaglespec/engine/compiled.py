@@ -724,13 +724,36 @@ def artefact_key(target) -> dict:
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
 
 
+def _remove_dead_partials(folder) -> str:
+    """Delete the half-written packages (`.<name>.<pid>.partial.pt2`, hundreds of MB each) that a
+    compile killed outright (SIGKILL, a power cut) left behind; a live process's are its own. ->
+    a note, or ''."""
+    removed = freed = 0
+    for path in folder.glob(".*.partial.pt2"):
+        try:
+            os.kill(int(path.name.split(".")[-3]), 0)
+            continue  # its writer is alive
+        except (ValueError, IndexError, ProcessLookupError, OverflowError):
+            pass  # no such process (or a name not ours): nothing will finish it
+        except PermissionError:
+            continue  # alive, another user's
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size
+            path.unlink()
+            removed, freed = removed + 1, freed + size
+    if not removed:
+        return ""
+    return f"note: removed {removed} half-written compiled package(s) an interrupted compile left ({freed / 1e6:.0f} MB)"
+
+
 def artefact_dir(target, root=None) -> tuple[object, str]:
     """The folder of this target's compiled packages: <cache folder>/compiled/<hash of
     artefact_key>/, with inductor's scratch caches (generated code, built kernels, autotuning
     choices) in its inductor/ unless the user set TORCHINDUCTOR_CACHE_DIR. A folder whose manifest
     is unreadable or made under another key is emptied and rebuilt, and said so; packages are
     written under a temporary name and renamed when whole, so an interrupted compile leaves
-    nothing a later start would load. -> (folder, or None when it cannot be written; note)."""
+    nothing a later start would load, and the temporary files of a killed one are removed here.
+    -> (folder, or None when it cannot be written; note)."""
     import hashlib
     import json
     from pathlib import Path
@@ -752,6 +775,8 @@ def artefact_dir(target, root=None) -> tuple[object, str]:
         if not trusted:
             shutil.rmtree(folder, ignore_errors=True)
             note = f"note: ignored the compiled-artefact cache {folder} ({why}); rebuilding it"
+        else:
+            note = _remove_dead_partials(folder)
     try:
         (folder / "inductor").mkdir(parents=True, exist_ok=True)
         if not manifest.is_file():  # a new folder: after an upgrade, the old ones are dead weight
