@@ -118,6 +118,8 @@ def test_a_healthy_generator_passes(tmp_path):
     assert saved["ok"] and saved["meta"]["tree_nodes"] == 26 and saved["settings"]["samples"] == FAST.samples
     md = md_path.read_text()
     assert md.startswith("# eaglespec certify: PASS") and f"p < {cf.ALPHA:g} / 2" in md
+    assert saved["meta"]["steps"] == gen.target.steps.name == "eager"  # the report names the path it certified
+    assert "(float64, cpu, eager decoding step)" in md.splitlines()[2]
 
 
 def test_invariance_covers_every_tree_size_by_default():
