@@ -312,3 +312,17 @@ def test_serve_builds_its_batch_steps_before_it_listens(monkeypatch, capsys):
     assert args.func(args) == 0
     assert events == [("warm_batches", 8), ("run",)]
     assert "[eaglespec] batch steps for 2 rows ready" in capsys.readouterr().err
+
+
+def test_the_load_test_reads_peak_memory_of_itself_or_of_a_server_pid():
+    """loadtest.peak_rss_mb: this process's (getrusage) and the same process by pid (/proc VmHWM)
+    agree; a pid that is no process is a one-line EagleError naming the flag."""
+    import os
+
+    from eaglespec.serve.loadtest import peak_rss_mb
+
+    mine, by_pid = peak_rss_mb(), peak_rss_mb(os.getpid())
+    assert mine > 10 and abs(mine - by_pid) <= max(2, mine // 50), (mine, by_pid)
+    with pytest.raises(EagleError, match="--server-pid 999999999: no such process") as info:
+        peak_rss_mb(999999999)
+    assert "\n" not in str(info.value)

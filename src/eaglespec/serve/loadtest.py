@@ -7,6 +7,11 @@ and throughput.
     python -m eaglespec.serve.loadtest --max-batch 1 --queue-timeout 30   # one request at a time
     python -m eaglespec.serve.loadtest --url http://host:8000  # a server already running
 
+The report adds the peak resident memory (`peak_rss_mb`): of this process with the in-process
+server (the server and its clients, the clients' share being a few tens of MB), or, with `--url`,
+of the server process named by `--server-pid` on this machine. The in-process server builds its
+compiled batch steps (up to `--max-batch`) before the load, as `eaglespec serve` does.
+
 The CI test (tests/test_serve_load.py) runs `run` on the default model with default settings.
 """
 
@@ -21,7 +26,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 TOPICS = ["a river", "the moon", "bread", "a violin", "winter", "a lighthouse", "chess", "honey", "a bicycle",
           "thunder", "a library", "coffee", "a volcano", "silk", "a compass", "rain"]
@@ -113,6 +118,7 @@ class Report:
     wall_s: float
     tokens_per_s: float  # completion tokens of every request under load / its wall time
     first_error: str | None
+    peak_rss_mb: int | None = None  # set by main: see the module's docstring
 
     def markdown(self, label: str) -> str:
         return (f"| {label} | {self.requests} | {self.errors} | {self.mismatches} | {self.p50_s:.1f} | "
@@ -133,6 +139,28 @@ def run(url: str, clients: int = 32, per_client: int = 2, max_tokens: int = 16, 
     return Report(len(reqs), len(errors), mismatches, statistics.median(latencies),
                   latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], wall, tokens / wall,
                   errors[0].error if errors else None)
+
+
+def peak_rss_mb(pid: int | None = None) -> int:
+    """Peak resident memory in MB of this process (pid None) or of process `pid` on this machine
+    (Linux: /proc/<pid>/status, VmHWM)."""
+    if pid is None:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
+    from pathlib import Path
+
+    from ..errors import EagleError
+
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        raise EagleError(f"--server-pid {pid}: no such process to read the peak memory of ({exc.strerror}); "
+                         "pass the pid of the running `eaglespec serve`, or leave --server-pid out") from exc
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise EagleError(f"--server-pid {pid}: /proc/{pid}/status has no VmHWM line (not Linux?)")
 
 
 @contextmanager
@@ -164,6 +192,8 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eaglespec.serve.loadtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=None, help="a running server (default: start one in-process)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="with --url: the server's pid on this machine, to report its peak resident memory")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--max-tokens", type=int, default=16)
@@ -172,9 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=None)
     p.add_argument("--head", default="default")
     p.add_argument("--tree", default="auto")
+    p.add_argument("--compile", default=None, choices=("auto", "on", "off"),
+                   help="in-process server: the decoding path (default: $EAGLESPEC_COMPILE, else auto)")
     args = p.parse_args(argv)
     if args.url:
         report = run(args.url, args.clients, args.requests, args.max_tokens)
+        if args.server_pid is not None:
+            report = replace(report, peak_rss_mb=peak_rss_mb(args.server_pid))
     else:
         from ..engine.decoding import EagleGenerator
         from .app import create_app
@@ -183,9 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         given = {"max_batch": args.max_batch, "queue_timeout": args.queue_timeout}
         config = ServeConfig(**{k: v for k, v in given.items() if v is not None})
         gen = EagleGenerator.from_pretrained(args.target, None if args.head == "none" else args.head, args.tree,
-                                             max_batch=config.max_batch)
+                                             max_batch=config.max_batch, compile=args.compile)
+        print(f"[loadtest] decoding step: {gen.compile_note}", file=sys.stderr)
+        gen.warm_batches(config.max_batch, say=lambda line: print(f"[loadtest] {line}", file=sys.stderr))
         with serve_in_thread(create_app(gen, config)) as url:
             report = run(url, args.clients, args.requests, args.max_tokens)
+        report = replace(report, peak_rss_mb=peak_rss_mb())
     print(json.dumps(asdict(report), indent=1))
     return 0 if report.errors == 0 and report.mismatches == 0 else 1
 
