@@ -139,23 +139,40 @@ def test_batched_compiled_equals_each_sequence_alone():
 
 @needs_cxx
 def test_warm_batches_builds_every_step_a_batch_then_runs():
-    """After warm (one row) and warm_batches(2), two chat-length prompts decoded together, drafted
-    and vanilla, build no step: a server's first requests compile nothing. Past the largest rows
-    bucket, warm_batches refuses before building anything."""
+    """With --tree auto's per-batch choices (here: 1 row a 3-node tree, 2 rows a 1-node tree, 4
+    rows no drafts), warm and warm_batches(4) leave nothing to build for what a server then runs:
+    3 rows (the 4-row bucket with the 2-row choice) shrinking to 2 and 1 as they finish, 4 rows,
+    and a request without drafts beside a drafted one. Past the largest rows bucket, warm_batches
+    refuses before building anything."""
+    from eaglespec.core.config import SamplingParams
+    from eaglespec.core.tree import static_tree
+    from eaglespec.engine.tuning import BatchChoice, TunedTree
+
     target = compiled_target("qwen2")
-    gen = EagleGenerator(target, random_head(target), "chain:3")
+    small, big = static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)])
+    gen = EagleGenerator(target, random_head(target), big)
+    gen.tuned = TunedTree(big, 2.0, 1.5, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67)], 0.010,
+                          by_batch=(BatchChoice(2, small, 1.2), BatchChoice(4, None, 0.9)), trees=((1, small), (3, big)))
     with pytest.raises(EagleError, match="largest bucket"):
         gen.warm_batches(compiled.BATCH_BUCKETS[-1] + 1)
     assert target.steps.stats.graphs == 0
     lines = []
     gen.warm()
     one_row = target.steps.stats.graphs
-    gen.warm_batches(2, say=lines.append)
-    assert target.steps.stats.graphs > one_row and len(lines) == 2 and "2 rows ready" in lines[1], lines
+    gen.warm_batches(4, say=lines.append)
+    assert target.steps.stats.graphs > one_row and len(lines) == 4 and "4 rows ready" in lines[3], lines
     built = target.steps.stats.graphs
-    prompts = [list(range(30, 50)), list(range(60, 87))]
-    for speculative in (True, False):
-        gen.generate_batch(input_ids=prompts, max_new_tokens=12, speculative=speculative, stop_token_ids=set())
+
+    def serve(budgets, speculative):
+        batch = gen.new_batch()
+        for i, (budget, drafted) in enumerate(zip(budgets, speculative)):
+            batch.add(list(range(30 + 7 * i, 50 + 9 * i)), budget, SamplingParams(), set(), speculative=drafted)
+        while len(batch):
+            batch.step()
+
+    serve([6, 10, 14], [True] * 3)
+    serve([8] * 4, [True] * 4)
+    serve([8, 8], [True, False])
     assert target.steps.stats.graphs == built
 
 
@@ -248,6 +265,24 @@ def test_a_broken_cxx_compiler_is_found_before_inductor_meets_it(monkeypatch, tm
         resolve_mode("on", torch.device("cpu"))
 
 
+def test_trees_and_batches_beyond_the_buckets(capsys):
+    """auto runs them eagerly, said so; on refuses them in one line, before the target loads."""
+    from eaglespec.cli.commands import main
+
+    on, why = resolve_mode("auto", torch.device("cpu"), tokens=65)
+    assert not on and why == "eager kernels: the --tree verifies 65 tokens, beyond the compiled path's 64"
+    on, why = resolve_mode("auto", torch.device("cpu"), rows=65)
+    assert not on and "--max-batch 65 is beyond" in why
+    assert resolve_mode("off", torch.device("cpu"), tokens=65)[0] is False
+    with pytest.raises(EagleError, match=r"--compile on: --max-batch 100 .*lower it, or use --compile off"):
+        resolve_mode("on", torch.device("cpu"), rows=100)
+    compiled.check_limits("auto", tokens=65, rows=100)  # auto: no error, the fallback is use_compiled's
+    assert main(["generate", "--compile", "on", "--tree", "eagle2:70,5,10", "--prompt", "hi",
+                 "--target", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--compile on: the --tree verifies 70 tokens" in err[-1] and "lower it" in err[-1]
+
+
 def test_no_cxx_compiler_cli(monkeypatch, capsys):
     from eaglespec.cli.commands import main
 
@@ -286,13 +321,19 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
         (folder / name).write_bytes(b"package")
     assert artefact_dir(target, tmp_path) == (folder, "")  # same key: trusted, kept
     assert (folder / "inductor" / "artefact").is_file()
-    # half-written packages: a killed compile's (no such process) removed, said so; a live one's kept
+    # half-written packages: a killed compile's (no such process, untouched for over an hour) removed,
+    # said so; a live process's kept, and a recent one's (perhaps another container's writer) too
     dead, alive = folder / ".step-1x2x512-f.999999999.partial.pt2", folder / f".step-1x4x512-f.{os.getpid()}.partial.pt2"
-    dead.write_bytes(b"x" * 3_000_000)
-    alive.write_bytes(b"x")
+    recent = folder / ".step-1x8x512-f.999999998.partial.pt2"
+    for path in (dead, alive, recent):
+        path.write_bytes(b"x" * 3_000_000)
+    for path in (dead, alive):
+        os.utime(path, (0, 0))
     _, note = artefact_dir(target, tmp_path)
-    assert not dead.exists() and alive.exists() and "removed 1 half-written" in note and "(3 MB)" in note
+    assert not dead.exists() and alive.exists() and recent.exists()
+    assert "removed 1 half-written" in note and "(3 MB)" in note
     alive.unlink()
+    recent.unlink()
     assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(packages)
     # another target (other weights) gets another folder
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)

@@ -70,44 +70,75 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 
 def compiler_problem() -> str | None:
-    """Why inductor's C++ backend cannot run here, or None: it needs a C++ compiler ($CXX, else
-    g++ or c++ on PATH) that builds a shared library (tried once per process and compiler)."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
+    """Why inductor's C++ backend cannot run here, or None: it needs the C++ compiler it will call
+    ($CXX, else those torch._inductor.config.cpp.cxx names: g++) to build a shared library with
+    OpenMP, as its kernels are built (tried once per process and compiler)."""
+    import torch._inductor.config as inductor_config
+
+    cxx = inductor_config.cpp.cxx
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else [
+        c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
     found = next((path for path in map(shutil.which, names) if path), None)
     if found is None:
         return f"no C++ compiler found ({' or '.join(names)} not on PATH)"
     return _build_problem(found)
 
 
-_PROBE = '#include <vector>\nextern "C" int eaglespec_probe() { std::vector<int> v{1, 2}; return v[1]; }\n'
+_PROBE = """#include <omp.h>
+#include <vector>
+extern "C" int eaglespec_probe() { std::vector<int> v{1, omp_get_max_threads()}; return v[1]; }
+"""
 
 
 @functools.lru_cache(maxsize=None)
 def _build_problem(cxx: str) -> str | None:
-    """Why `cxx` cannot build a small C++17 shared library with the standard library (what
-    inductor builds, in miniature: a second), or None."""
-    with tempfile.TemporaryDirectory(prefix="eaglespec-cxx-") as tmp:
-        source = os.path.join(tmp, "probe.cpp")
-        with open(source, "w") as f:
-            f.write(_PROBE)
-        cmd = [cxx, "-std=c++17", "-shared", "-fPIC", source, "-o", os.path.join(tmp, "probe.so")]
-        try:
+    """Why `cxx` cannot build a small C++17 shared library with the standard library and OpenMP
+    (what inductor builds, in miniature: a fraction of a second), or None."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="eaglespec-cxx-") as tmp:
+            source = os.path.join(tmp, "probe.cpp")
+            with open(source, "w") as f:
+                f.write(_PROBE)
+            cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-fopenmp", source, "-o", os.path.join(tmp, "probe.so")]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"the C++ compiler {cxx} does not run ({one_line(exc)})"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the C++ compiler {cxx} could not be tried ({one_line(exc)})"
     if done.returncode != 0:
-        said = " ".join((done.stderr or done.stdout or f"exit {done.returncode}").split())
-        return f"the C++ compiler {cxx} cannot build a shared library ({said[-200:]})"
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        said = next((line for line in lines if "error" in line.lower()), lines[0] if lines else f"exit {done.returncode}")
+        return f"the C++ compiler {cxx} cannot build a shared library with OpenMP ({said[:200]})"
     return None
 
 
-def resolve_mode(mode: str, device: torch.device) -> tuple[bool, str]:
+def limits_problem(tokens: int | None = None, rows: int | None = None) -> str | None:
+    """Why a tree of `tokens` verification tokens or batches of `rows` sequences do not fit the
+    compiled path's buckets, or None."""
+    if rows is not None and rows > BATCH_BUCKETS[-1]:
+        return f"--max-batch {rows} is beyond the compiled path's {BATCH_BUCKETS[-1]} rows"
+    if tokens is not None and tokens > QUERY_BUCKETS[-1]:
+        return f"the --tree verifies {tokens} tokens, beyond the compiled path's {QUERY_BUCKETS[-1]}"
+    return None
+
+
+def check_limits(mode: str, tokens: int | None = None, rows: int | None = None) -> None:
+    """--compile on with a tree or batch beyond the buckets: the EagleError, before anything loads."""
+    problem = limits_problem(tokens, rows) if mode == "on" else None
+    if problem is not None:
+        raise EagleError(f"--compile on: {problem}; lower it, or use --compile off")
+
+
+def resolve_mode(mode: str, device: torch.device, tokens: int | None = None, rows: int | None = None
+                 ) -> tuple[bool, str]:
     """--compile auto|on|off -> (compile?, why, said to the user). 'on' where it cannot work is an
-    EagleError naming the cause and the fix."""
+    EagleError naming the cause and the fix. tokens, rows: the largest tree (verification tokens)
+    and batch to run; beyond the buckets, auto runs eagerly."""
     if mode not in MODES:
         raise EagleError(f"--compile {mode!r}: choose auto, on or off")
     if mode == "off":
         return False, "eager kernels (--compile off)"
+    check_limits(mode, tokens, rows)
+    if limits_problem(tokens, rows) is not None:
+        return False, f"eager kernels: {limits_problem(tokens, rows)}"
     if device.type not in ("cpu", "cuda"):
         if mode == "on":
             raise EagleError(f"--compile on: the compiled path runs on cpu or cuda, not {device.type}; use --compile off")
@@ -694,11 +725,12 @@ def compile_mode(mode: str | None, quantize: str | None = None) -> str:
     return "off" if quantize not in (None, "none") else mode
 
 
-def use_compiled(target, mode: str = "auto", progress: bool = True) -> str:
-    """Give `target` the compiled step when `mode` (auto | on | off) and this machine allow it,
-    with inductor's caches in the artefact folder (`artefact_dir`); returns what was chosen and
-    why, for the user."""
-    on, why = resolve_mode(mode, target.device)
+def use_compiled(target, mode: str = "auto", progress: bool = True, tokens: int | None = None,
+                 rows: int | None = None) -> str:
+    """Give `target` the compiled step when `mode` (auto | on | off), this machine and the largest
+    tree (`tokens`) and batch (`rows`) to run allow it, with inductor's caches in the artefact
+    folder (`artefact_dir`); returns what was chosen and why, for the user."""
+    on, why = resolve_mode(mode, target.device, tokens, rows)
     if on:
         folder, note = artefact_dir(target)
         target.steps = CompiledSteps(target, progress, folder=folder)
@@ -724,23 +756,29 @@ def artefact_key(target) -> dict:
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
 
 
+PARTIAL_MAX_AGE_S = 3600  # a half-written package untouched this long, its writer gone, is dead weight
+
+
 def _remove_dead_partials(folder) -> str:
     """Delete the half-written packages (`.<name>.<pid>.partial.pt2`, hundreds of MB each) that a
-    compile killed outright (SIGKILL, a power cut) left behind; a live process's are its own. ->
-    a note, or ''."""
+    compile killed outright (SIGKILL, a power cut) left behind: those whose process is not alive
+    here and which have not changed for PARTIAL_MAX_AGE_S (the pid alone cannot tell: a folder
+    shared between containers or machines sees other namespaces' writers). -> a note, or ''."""
     removed = freed = 0
     for path in folder.glob(".*.partial.pt2"):
         try:
             os.kill(int(path.name.split(".")[-3]), 0)
             continue  # its writer is alive
         except (ValueError, IndexError, ProcessLookupError, OverflowError):
-            pass  # no such process (or a name not ours): nothing will finish it
+            pass  # no such process here (or a name not ours)
         except PermissionError:
             continue  # alive, another user's
         with contextlib.suppress(OSError):
-            size = path.stat().st_size
+            stat = path.stat()
+            if time.time() - stat.st_mtime < PARTIAL_MAX_AGE_S:
+                continue  # perhaps another namespace's compile in progress
             path.unlink()
-            removed, freed = removed + 1, freed + size
+            removed, freed = removed + 1, freed + stat.st_size
     if not removed:
         return ""
     return f"note: removed {removed} half-written compiled package(s) an interrupted compile left ({freed / 1e6:.0f} MB)"

@@ -69,6 +69,14 @@ class GenerationResult:
         return len(self.token_ids) / self.elapsed if self.elapsed > 0 else 0.0
 
 
+def _verified_tokens(tree) -> int | None:
+    """The tokens one verification of a parsed `tree` runs (root included), or None for 'auto'
+    (its trees stay within compiled.AUTO_TOKENS) and for no tree."""
+    if tree is None or isinstance(tree, str):  # 'auto'
+        return None
+    return tree.total_tokens + 1 if isinstance(tree, DynamicTreeSpec) else tree.num_nodes
+
+
 class EagleGenerator:
     """Owns a target, an optional EAGLE head and a tree; generates one request at a time."""
 
@@ -136,8 +144,7 @@ class EagleGenerator:
                 AcceptanceStats.load(head_dir)
 
         check_device(device)
-        if isinstance(tree, str) and tree != "auto":
-            parse_tree(tree)
+        parsed = parse_tree(tree) if isinstance(tree, str) and tree != "auto" else tree
         head_dir = None
         if head not in (None, "default"):
             head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
@@ -145,9 +152,11 @@ class EagleGenerator:
         from .numerics import DTYPES, check_dtype_runs, choose_dtype, numerics_for, parse_dtype
         from .quant import quantize_target
 
-        from .compiled import compile_mode, use_compiled
+        from .compiled import check_limits, compile_mode, use_compiled
 
         compile = compile_mode(compile, quantize)
+        limits = dict(tokens=_verified_tokens(parsed), rows=max_batch)
+        check_limits(compile, **limits)  # --compile on with a tree or batch beyond its buckets: before loading
         if isinstance(dtype, str):
             parse_dtype(dtype)
             if dtype != "auto":
@@ -161,7 +170,7 @@ class EagleGenerator:
         numerics, numerics_note = None, ""
         if dtype == "auto":
             tm, numerics, numerics_note = choose_dtype(tm, device, retune)
-        compile_note = use_compiled(tm, compile)
+        compile_note = use_compiled(tm, compile, **limits)
         if tree == "auto" and head is not None and (numerics is None or tm.steps.builds_steps):
             # what gates the trees is the kernels that verify them: choose_dtype measured the eager
             # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
@@ -233,26 +242,45 @@ class EagleGenerator:
     @torch.no_grad()
     def warm_batches(self, max_batch: int, say: Callable[[str], None] | None = None) -> None:
         """`warm` for batches: build or load the steps of every rows bucket above one up to
-        max_batch's (2, 4, 8, ...), vanilla and drafted, so that a server's first concurrent
-        requests decode at once instead of compiling inside its loop (minutes a graph on a small
-        CPU; a later start loads them in seconds). The short prompt of 24 tokens, like a chat
-        prompt, is longer than the head's compiled widths, so its prefill pairs run eagerly, as a
-        real prompt's do. say: a progress line per bucket. Eager: nothing to do. A max_batch beyond
-        the largest bucket is an EagleError (before any building)."""
+        max_batch's (2, 4, 8, ...), so that a server's first concurrent requests decode at once
+        instead of compiling inside its loop (minutes a graph on a small CPU; a later start loads
+        them in seconds). A batch of n rows runs in bucket(n) with the tree chosen for n (`--tree
+        auto` tunes smaller trees, or none, for larger batches; 3 rows run in the 4-row bucket with
+        the 2-row choice), so each bucket runs once per distinct choice of the sizes it holds; and
+        vanilla steps twice, as the server runs them (sequences without drafts in a drafting batch:
+        EAGLE-3's feature layers) and as `generate_batch(speculative=False)` does. Rows leaving or
+        joining move a batch between these same (bucket, choice) pairs. The 24-token prompt, like a
+        chat prompt, is longer than the head's compiled widths, so its prefill pairs run eagerly,
+        as a real prompt's do. say: progress lines. Eager: nothing to do. A max_batch beyond the
+        largest bucket is an EagleError (before any building)."""
         from .compiled import BATCH_BUCKETS, bucket
 
         steps = self.target.steps
         if not steps.builds_steps:
             return
         top = bucket(max_batch, BATCH_BUCKETS)
-        prompt = list(range(1, 25))
+        prompt, sampling = list(range(1, 25)), SamplingParams()
+
+        def run(batch: Batch, rows: int, speculative: bool) -> None:
+            for _ in range(rows):
+                batch.add(prompt, 8, sampling, set(), keep_prefill=True, speculative=speculative)
+            while len(batch):
+                batch.step()
+
+        below = 1
         for rows in (b for b in BATCH_BUCKETS if 1 < b <= top):
             start, before = time.perf_counter(), steps.stats.graphs
             if say is not None:
                 say(f"batch steps for {rows} rows: building or loading (minutes a step the first time on a small CPU)")
-            for speculative in (True, False):
-                self.generate_batch(input_ids=[prompt] * rows, max_new_tokens=8, speculative=speculative,
-                                    stop_token_ids=set())
+            choices = {}  # one batch size per distinct drafter (None: no drafts) among the sizes of this bucket
+            probe = self.new_batch()
+            for n in range(below + 1, min(rows, max_batch) + 1):
+                choices.setdefault(id(probe.choose(n)), n)
+            for n in choices.values():
+                run(self.new_batch(), n, True)
+            run(self.new_batch(), rows, False)  # the server's vanilla rows (a request's "speculative": false)
+            run(self.new_batch(speculative=False), rows, True)  # a batch without a drafter
+            below = rows
             if say is not None:
                 say(f"batch steps for {rows} rows ready: {steps.stats.graphs - before} step(s) in "
                     f"{time.perf_counter() - start:.0f} s")
