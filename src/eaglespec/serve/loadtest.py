@@ -7,10 +7,12 @@ and throughput.
     python -m eaglespec.serve.loadtest --max-batch 1 --queue-timeout 30   # one request at a time
     python -m eaglespec.serve.loadtest --url http://host:8000  # a server already running
 
-The report adds the peak resident memory (`peak_rss_mb`): of this process with the in-process
-server (the server and its clients, the clients' share being a few tens of MB), or, with `--url`,
-of the server process named by `--server-pid` on this machine. The in-process server builds its
-compiled batch steps (up to `--max-batch`) before the load, as `eaglespec serve` does.
+The report adds the peak resident memory under the load (`peak_rss_mb`, reset when the load
+begins, so that start-up's compiling does not count; `peak_rss_since` says so): of this process
+with the in-process server (the server and its clients, the clients' share being a few tens of
+MB), or, with `--url`, of the server process named by `--server-pid` on this machine. The
+in-process server builds its compiled batch steps (up to `--max-batch`) before the load, as
+`eaglespec serve` does.
 
 The CI test (tests/test_serve_load.py) runs `run` on the default model with default settings.
 """
@@ -119,6 +121,7 @@ class Report:
     tokens_per_s: float  # completion tokens of every request under load / its wall time
     first_error: str | None
     peak_rss_mb: int | None = None  # set by main: see the module's docstring
+    peak_rss_since: str | None = None  # "the load" (reset before it) or "the start"
 
     def markdown(self, label: str) -> str:
         return (f"| {label} | {self.requests} | {self.errors} | {self.mismatches} | {self.p50_s:.1f} | "
@@ -143,24 +146,35 @@ def run(url: str, clients: int = 32, per_client: int = 2, max_tokens: int = 16, 
 
 def peak_rss_mb(pid: int | None = None) -> int:
     """Peak resident memory in MB of this process (pid None) or of process `pid` on this machine
-    (Linux: /proc/<pid>/status, VmHWM)."""
-    if pid is None:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
+    (Linux: /proc/<pid>/status, VmHWM; since the process started or since `reset_peak_rss`)."""
     from pathlib import Path
 
     from ..errors import EagleError
 
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = Path(f"/proc/{'self' if pid is None else pid}/status").read_text()
     except OSError as exc:
+        if pid is None:  # no /proc: getrusage's peak, since the start
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
         raise EagleError(f"--server-pid {pid}: no such process to read the peak memory of ({exc.strerror}); "
                          "pass the pid of the running `eaglespec serve`, or leave --server-pid out") from exc
     for line in status.splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) // 1024
-    raise EagleError(f"--server-pid {pid}: /proc/{pid}/status has no VmHWM line (not Linux?)")
+    raise EagleError(f"/proc/{pid or 'self'}/status has no VmHWM line (not Linux?)")
+
+
+def reset_peak_rss(pid: int | None = None) -> bool:
+    """Start the peak (VmHWM) afresh from the present resident memory, so that it measures the load
+    and not start-up (compiling builds graphs in memory); -> False where Linux does not allow it."""
+    try:
+        with open(f"/proc/{'self' if pid is None else pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -205,10 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", default=None, choices=("auto", "on", "off"),
                    help="in-process server: the decoding path (default: $EAGLESPEC_COMPILE, else auto)")
     args = p.parse_args(argv)
+    if args.server_pid is not None and not args.url:
+        raise SystemExit("--server-pid names a running server's process: give its --url too")
     if args.url:
+        reset = args.server_pid is not None and reset_peak_rss(args.server_pid)
         report = run(args.url, args.clients, args.requests, args.max_tokens)
         if args.server_pid is not None:
-            report = replace(report, peak_rss_mb=peak_rss_mb(args.server_pid))
+            report = replace(report, peak_rss_mb=peak_rss_mb(args.server_pid),
+                             peak_rss_since="the load" if reset else "the start")
     else:
         from ..engine.decoding import EagleGenerator
         from .app import create_app
@@ -221,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[loadtest] decoding step: {gen.compile_note}", file=sys.stderr)
         gen.warm_batches(config.max_batch, say=lambda line: print(f"[loadtest] {line}", file=sys.stderr))
         with serve_in_thread(create_app(gen, config)) as url:
+            reset = reset_peak_rss()
             report = run(url, args.clients, args.requests, args.max_tokens)
-        report = replace(report, peak_rss_mb=peak_rss_mb())
+        report = replace(report, peak_rss_mb=peak_rss_mb(), peak_rss_since="the load" if reset else "the start")
     print(json.dumps(asdict(report), indent=1))
     return 0 if report.errors == 0 and report.mismatches == 0 else 1
 
