@@ -490,7 +490,8 @@ def _padded(t: torch.Tensor, rows: int, q: int) -> torch.Tensor:
 class CompiledHeadSteps:
     """The draft head's forward compiled like the target's (drafter.EagerHeadSteps' interface):
     a static cache for the head's one layer, queries and rows padded to buckets. A step wider than
-    EAGER_QUERIES (a joining prompt's pairs) runs the same module eagerly over the same buffers."""
+    EAGER_QUERIES, or an absorb wider than the drafter's (a joining prompt's pairs), runs the same
+    module eagerly over the same buffers."""
 
     def __init__(self, owner: "CompiledSteps", head, target):
         self.owner, self.head, self.target = owner, head, target
@@ -512,18 +513,21 @@ class CompiledHeadSteps:
         """tokens [B, M], hidden [B, M, H], block [B, M, A] over the slots appended since `base`
         (this call's M last), positions [B, M] -> head outputs [B, M, H]; the cache grows by M.
         pad_to: run at least this many queries (the drafter's widest absorb), so that one graph
-        serves every width up to it."""
+        serves every width up to it; an absorb wider than that (a joining prompt's pairs, pairs
+        gathered over vanilla steps) runs eagerly, as does any step wider than EAGER_QUERIES: their
+        widths vary with the request, and a graph each would be built while serving."""
         b, m = tokens.shape
         device = self.target.device
         assert rows.length == base + block.shape[2] - m, "head-cache slots must be appended in order"
         visible = torch.cat([rows.valid(base, device)[:, None, :].expand(-1, m, -1), block.to(device)], dim=2)
-        q = m if m > EAGER_QUERIES else bucket(max(m, pad_to), QUERY_BUCKETS)
+        eager = m > EAGER_QUERIES or 0 < pad_to < m
+        q = m if eager else bucket(max(m, pad_to), QUERY_BUCKETS)
         mask, slots = _step_inputs(rows, b, m, q, visible, self.dtype, device)
         rb = rows.keys[0].shape[0]
         embeds = self.target.embed_tokens(_padded(tokens.to(device), rb, q)).to(self.dtype)
         args = (embeds, _padded(hidden.to(self.dtype), rb, q), mask,
                 _padded(positions.to(device), rb, q), slots, rows.keys, rows.values)
-        if q > EAGER_QUERIES:
+        if eager:
             out = self.module(*args)
         else:
             out = self.owner._runner((rb, q, rows.capacity, self.tag), args, self.module, "the draft head's step")(*args)
