@@ -286,6 +286,22 @@ def test_trees_and_batches_beyond_the_buckets(capsys):
     assert "--compile on: the --tree verifies 70 tokens" in err[-1] and "lower it" in err[-1]
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench", "bench-batch", "tune", "certify", "compile"])
+def test_every_command_takes_compile(command, capsys):
+    """--compile auto|on|off on every command that decodes (issue 18's list, and `compile`); the
+    default is None (EAGLESPEC_COMPILE, else auto); another value is argparse's one-line error."""
+    from eaglespec.cli.commands import build_parser
+
+    extra = ["--head", "x"] if command == "tune" else []
+    parser = build_parser()
+    for mode in ("auto", "on", "off"):
+        assert parser.parse_args([command, "--compile", mode, *extra]).compile == mode
+    assert parser.parse_args([command, *extra]).compile is None
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, "--compile", "sometimes", *extra])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
 def test_no_cxx_compiler_cli(monkeypatch, capsys):
     from eaglespec.cli.commands import main
 
