@@ -359,3 +359,33 @@ def test_bench_modes_bad_options_fail_before_loading(argv, message, capsys):
 
     assert main(["bench-modes", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_vanilla_eager_runs_the_eager_kernels_beside_the_generators_own_and_puts_them_back():
+    """The `vanilla-eager` method (`eager`): vanilla decoding on EagerSteps whatever path the
+    generator runs (here a counting stand-in for the compiled one), the same ids as the baseline
+    on these fp64 kernels, and the generator's own path restored afterwards."""
+    from eaglespec.bench.methods import EAGER
+    from eaglespec.engine.target import EagerSteps
+
+    calls = []
+
+    class OwnPath(EagerSteps):
+        name = "own"
+
+        def verify_rows(self, *args, **kwargs):
+            calls.append(1)
+            return super().verify_rows(*args, **kwargs)
+
+    gen = tiny_generator()
+    own = gen.target.steps = OwnPath(gen.target)
+    methods, _ = build_methods(gen, "vanilla,eager", [], greedy=True)
+    assert [m.name for m in methods] == [BASELINE, EAGER] and methods[1].kind == "reference"
+    ids = gen.encode("hello there")
+    gen.eos_token_ids = set  # no stop token: every run makes its 20 tokens
+    baseline = methods[0].run(ids, 20, SamplingParams())
+    assert calls and gen.target.steps is own
+    calls.clear()
+    eager = methods[1].run(ids, 20, SamplingParams())
+    assert not calls and gen.target.steps is own  # eager kernels only, and the generator's path put back
+    assert eager.token_ids == baseline.token_ids and len(eager.token_ids) == 20

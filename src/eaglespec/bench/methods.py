@@ -103,7 +103,6 @@ class EagerVanilla(LoopMethod):
             target.steps = compiled
 
 
-
 class FixedAuto(LoopMethod):
     """--tree auto's tuned tree on every step, without tuning.AdaptiveTree moving between sizes:
     beside `auto`, the difference is what the adaptive policy adds (or costs) on these prompts."""
