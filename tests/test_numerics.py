@@ -193,7 +193,7 @@ def test_auto_trees_are_gated_by_the_kernels_that_verify_them(tmp_path, monkeypa
     monkeypatch.setattr("eaglespec.engine.target.native_bf16_cpu", lambda: False)
     assert load("off").tree is not None  # eager fp32: trees verify exactly
 
-    def rounding(target, mode="auto", progress=True):
+    def rounding(target, mode="auto", progress=True, tokens=None, rows=None):
         target.steps = RoundingSteps(target)
         return "rounding test kernels"
 
