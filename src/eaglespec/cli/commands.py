@@ -75,8 +75,8 @@ def _compare_vanilla(gen, ids: list[int], args, sampling, shown) -> None:
 
 def cmd_compile(args) -> int:
     """Build now what a first start would build: with --tree auto, the cost curve is measured on
-    the compiled path (every tree size it weighs); then one short generation per batch bucket up
-    to --max-batch builds the vanilla and tree steps at that many rows."""
+    the compiled path (every tree size it weighs); then `EagleGenerator.warm_batches` builds the
+    steps of every batch bucket up to --max-batch's, as `serve` does before it listens."""
     if args.list or args.prune:
         from ..engine import compiled_cache
 

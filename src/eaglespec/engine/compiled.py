@@ -137,8 +137,9 @@ def resolve_mode(mode: str, device: torch.device, tokens: int | None = None, row
     if mode == "off":
         return False, "eager kernels (--compile off)"
     check_limits(mode, tokens, rows)
-    if limits_problem(tokens, rows) is not None:
-        return False, f"eager kernels: {limits_problem(tokens, rows)}"
+    problem = limits_problem(tokens, rows)
+    if problem is not None:  # auto: beyond the buckets, eager
+        return False, f"eager kernels: {problem}"
     if device.type not in ("cpu", "cuda"):
         if mode == "on":
             raise EagleError(f"--compile on: the compiled path runs on cpu or cuda, not {device.type}; use --compile off")
