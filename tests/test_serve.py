@@ -315,11 +315,11 @@ def test_serve_builds_its_batch_steps_before_it_listens(monkeypatch, capsys):
 
 
 def test_the_load_test_reads_peak_memory_of_itself_or_of_a_server_pid():
-    """loadtest.peak_rss_mb: this process's, by pid or not, is its VmHWM; reset_peak_rss starts it
+    """memory.peak_rss_mb: this process's, by pid or not, is its VmHWM; reset_peak_rss starts it
     afresh below an earlier peak; a pid that is no process is a one-line EagleError naming the flag."""
     import os
 
-    from eaglespec.serve.loadtest import peak_rss_mb, reset_peak_rss
+    from eaglespec.memory import peak_rss_mb, reset_peak_rss
 
     block = bytearray(200 * 2**20)  # 200 MB resident, then freed
     block[::4096] = b"x" * len(block[::4096])

@@ -260,6 +260,8 @@ class EagleGenerator:
             return
         top = bucket(max_batch, BATCH_BUCKETS)
         prompt, sampling = list(range(1, 25)), SamplingParams()
+        drafter = self._drafter(self.tree)
+        sized = self._sized(self.tree, drafter) or (lambda size: drafter)
 
         def run(batch: Batch, rows: int, speculative: bool) -> None:
             for _ in range(rows):
@@ -273,9 +275,8 @@ class EagleGenerator:
             if say is not None:
                 say(f"batch steps for {rows} rows: building or loading (minutes a step the first time on a small CPU)")
             choices = {}  # one batch size per distinct drafter (None: no drafts) among the sizes of this bucket
-            probe = self.new_batch()
             for n in range(below + 1, min(rows, max_batch) + 1):
-                choices.setdefault(id(probe.choose(n)), n)
+                choices.setdefault(id(sized(n)), n)
             for n in choices.values():
                 run(self.new_batch(), n, True)
             run(self.new_batch(), rows, False)  # the server's vanilla rows (a request's "speculative": false)
@@ -349,21 +350,29 @@ class EagleGenerator:
         tuned `auto` tree, each step's tree follows the number of sequences in it."""
         tree = self.tree if tree == "default" else parse_tree(tree) if isinstance(tree, str) else tree
         drafter = self._drafter(tree) if speculative else None
+        sized = self._sized(tree, drafter)
         choose = report = None
-        if drafter is not None and self.tuned is not None and tree is self.tuned.tree and self.adaptive:
+        if sized is not None and self.adaptive:
             policy = AdaptiveTree.from_tuned(self.tuned)
             self.last_policy = policy
 
             def choose(size: int) -> Drafter | None:
-                return self._drafter(policy.tree if size == 1 else self.tuned.tree_for(size))
+                return self._drafter(policy.tree) if size == 1 else sized(size)
 
             def report(size: int, stats: list[StepStats]) -> None:
                 if size == 1:
                     policy.observe(stats[0].emitted)
-        elif drafter is not None and self.tuned is not None and self.tuned.by_batch and tree is self.tuned.tree:
-            def choose(size: int) -> Drafter | None:
-                return self._drafter(self.tuned.tree_for(size))
+        elif sized is not None:
+            choose = sized
         return Batch(self.target, drafter, choose, report)
+
+    def _sized(self, tree, drafter: Drafter | None) -> Callable[[int], Drafter | None] | None:
+        """With the tuned `auto` tree (adaptive, or tuned per batch size): the drafter a batch of n
+        sequences runs (`tune` may choose smaller trees, or none, for larger batches); else None."""
+        tuned = self.tuned
+        if drafter is None or tuned is None or tree is not tuned.tree or not (self.adaptive or tuned.by_batch):
+            return None
+        return lambda size: self._drafter(tuned.tree_for(size))
 
     @torch.no_grad()
     def stream(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from ..engine.target import FINGERPRINT_SCHEME
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
+from ..memory import peak_rss_mb
 from ..pause import PAUSE_FILE, wait_if_paused
 from .config import CaptureConfig, parse_layers, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
@@ -200,7 +201,7 @@ def _commit(directory: Path, manifest: dict, pending: list[Sample], seconds: flo
     shards = manifest["shards"]
     try:
         entry = _write_shard(directory, len(shards), pending)
-        entry.update(seconds=round(seconds, 2), peak_rss_mb=_peak_rss_mb())
+        entry.update(seconds=round(seconds, 2), peak_rss_mb=peak_rss_mb())
         updated = {**manifest, "shards": [*shards, entry], "examples": manifest["examples"] + entry["examples"],
                    "tokens": manifest["tokens"] + entry["tokens"]}
         _write_manifest(directory, updated)
@@ -211,12 +212,6 @@ def _commit(directory: Path, manifest: dict, pending: list[Sample], seconds: flo
                          f"the {len(shards)} complete shard(s) ({manifest['examples']} conversations) are kept; free "
                          "some space and rerun the same command to continue") from exc
     manifest.update(updated)
-
-
-def _peak_rss_mb() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
 
 
 class FeatureDataset:
