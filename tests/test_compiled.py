@@ -469,11 +469,11 @@ def test_a_graph_whose_constants_cannot_be_shared_is_packaged_with_them_inside(t
     calls = []
     package, bind = steps._package, steps.constants.bind
 
-    def failing_package(program, path, apart):
+    def failing_package(program, path, apart, backends=None):
         calls.append(apart)
         if apart and fails == "package":
             raise RuntimeError("NotImplementedError: Cannot access storage of OpaqueTensorImpl")
-        package(program, path, apart)
+        package(program, path, apart, backends)
 
     def failing_bind(runner, path, module):
         if fails == "bind" and calls == [True]:
@@ -489,6 +489,78 @@ def test_a_graph_whose_constants_cannot_be_shared_is_packaged_with_them_inside(t
     (kept,) = tmp_path.glob("step-*.pt2")
     assert not any(n.endswith(compiled.SharedConstants.CONFIG) for n in zipfile.ZipFile(kept).namelist())
     assert not steps.constants.tensors and not list(tmp_path.glob(".*partial*"))
+
+
+def _kernels(package) -> str:
+    """The generated C++ of a package (wrapper and kernels)."""
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        return "".join(z.read(n).decode() for n in z.namelist() if n.endswith(".cpp"))
+
+
+@needs_cxx
+def test_on_a_cpu_gemms_are_inductors_cpp_templates(tmp_path):
+    """max-autotune on a CPU chooses a single-row step's GEMMs among inductor's C++ templates only
+    (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not oneDNN's linear
+    (which autotuning over cache-hot weights picks, and which streams slower in a real step);
+    wider steps and a GPU's keep inductor's own choice."""
+    target = tiny_target("llama", dtype=torch.float32)
+    target.steps = steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
+    assert steps._gemm_backends(1, 1) == compiled.CPU_GEMM_BACKENDS == "CPP"
+    assert steps._gemm_backends(1, 2) is steps._gemm_backends(8, 1) is None
+    eager = tiny_target("llama", dtype=torch.float32)
+    assert ids(EagleGenerator(target, None), 4, speculative=False) == ids(EagleGenerator(eager, None), 4, speculative=False)
+    (kept,) = tmp_path.glob("step-1x1x*.pt2")
+    code = _kernels(kept)
+    assert "micro_gemm" in code and "linear_pointwise" not in code
+
+
+@needs_cxx
+def test_a_gemm_no_allowed_backend_covers_is_built_with_inductors_default(tmp_path, capsys, monkeypatch):
+    """Should inductor find no kernel for a GEMM among the allowed backends (NoValidChoicesError: a
+    shape or dtype the C++ templates do not cover; raised here by a stand-in for inductor's
+    packager while the C++ templates are the only backend), the package is built again with
+    inductor's default choice, said so, and decodes what eager does."""
+    from torch._inductor.select_algorithm import NoValidChoicesError
+
+    real, seen = torch._inductor.aoti_compile_and_package, []
+
+    def package(*args, **kwargs):
+        seen.append(torch._inductor.config.max_autotune_gemm_backends)
+        if seen[-1] == "CPP":
+            raise RuntimeError("lowering failed") from NoValidChoicesError("No choices to select")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
+    target = tiny_target("llama", dtype=torch.float32)
+    target.steps = CompiledSteps(target, progress=True, autotune=True, folder=tmp_path)
+    eager = tiny_target("llama", dtype=torch.float32)
+    assert ids(EagleGenerator(target, None), 4, speculative=False) == ids(EagleGenerator(eager, None), 4, speculative=False)
+    assert seen[0] == "CPP" and seen[1] != "CPP"
+    assert "building it again with inductor's default choice of GEMMs" in capsys.readouterr().err
+    assert len(list(tmp_path.glob("step-*.pt2"))) == 1 and not list(tmp_path.glob(".*partial*"))
+
+
+def test_an_in_process_graph_falls_back_to_inductors_default_gemms_likewise():
+    """The in-process graph (no cache folder) retries the same way, once, and keeps the default
+    for later calls; any other compile error is raised as it is."""
+    from torch._inductor.select_algorithm import NoValidChoicesError
+
+    graph, seen = compiled._Jit(torch.nn.Identity(), autotune=True, gemm_backends="CPP"), []
+
+    def module(x):
+        seen.append(torch._inductor.config.max_autotune_gemm_backends)
+        if seen[-1] == "CPP":
+            raise RuntimeError("backend compiler failed") from NoValidChoicesError("No choices to select")
+        return x + 1
+
+    graph.module = module
+    assert graph(torch.ones(1)).item() == 2 and graph(torch.ones(1)).item() == 2
+    assert seen[0] == "CPP" and "CPP" not in seen[1:] and len(seen) == 3 and graph.gemm_backends is None
+    graph.module = lambda x: (_ for _ in ()).throw(ValueError("another failure"))
+    with pytest.raises(ValueError, match="another failure"):
+        graph(torch.ones(1))
 
 
 @needs_cxx

@@ -314,16 +314,41 @@ class _Attention:
         self.saved.clear()
 
 
-def _inductor_options(autotune: bool, package: bool = False) -> dict:
+# On a CPU, max-autotune chooses a single-row step's GEMMs (one sequence, one token: a vanilla
+# step, a head's step) among inductor's C++ templates alone. Left to choose, it times each GEMM in
+# a loop over the same weights, which then sit in the caches, and picks oneDNN's packed product,
+# which in a real step (the weights streamed from memory) is slower. Measured side by side on the
+# AVX-512 kind (README, "The compiled step"): a vanilla step of SmolLM2-135M took 19.3 and 24.0 ms
+# with its oneDNN products, 15.0 and 18.5 ms with the C++ templates. From 2 tokens up its own choice
+# stands: the templates at 2 and 4, and at 8 a mix that ran 28-32 ms against 35 ms for templates.
+CPU_GEMM_BACKENDS = "CPP"
+
+
+def _inductor_options(autotune: bool, package: bool = False, gemm_backends: str | None = None) -> dict:
     """Inductor's settings for a step: freezing (the weights become constants, pre-packed for its
-    C++ GEMMs), max-autotune's GEMM choice, and none of its per-GEMM tables on stderr. package: an
-    AOTInductor package keeps its constants as separate tensors beside the .so (SharedConstants)."""
+    C++ GEMMs), max-autotune's GEMM choice among gemm_backends (None: inductor's default), and
+    none of its per-GEMM tables on stderr. package: an AOTInductor package keeps its constants as
+    separate tensors beside the .so (SharedConstants)."""
     options = {"freezing": True, "max_autotune": autotune, "autotune_num_choices_displayed": 0,
                "max_autotune_report_choices_stats": False}
+    if autotune and gemm_backends is not None:
+        options["max_autotune_gemm_backends"] = gemm_backends
     if package:
         options.update({"aot_inductor.package_constants_in_so": False,
                         "aot_inductor.package_constants_on_disk_format": "pickle_weights"})
     return options
+
+
+def _no_gemm_choice(exc: BaseException) -> bool:
+    """Whether a compile failed because some GEMM had no kernel among the allowed backends (a
+    shape or dtype the C++ templates do not cover): then it is built again with inductor's default."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "NoValidChoicesError" or "No choices to select" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 _HOOK = threading.Lock()
@@ -425,16 +450,24 @@ class SharedConstants:
 class _Jit:
     """A graph compiled in this process (torch.compile), called like a loaded package."""
 
-    def __init__(self, module: torch.nn.Module, autotune: bool):
+    def __init__(self, module: torch.nn.Module, autotune: bool, gemm_backends: str | None = None):
         self.module = torch.compile(module, dynamic=False)
         self.autotune = autotune
+        self.gemm_backends = gemm_backends
         self.attention = _Attention(module)
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
-        with torch._inductor.config.patch(_inductor_options(self.autotune)), self.attention:
-            return self.module(*args)
+        try:
+            with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=self.gemm_backends)), \
+                    self.attention:
+                return self.module(*args)
+        except Exception as exc:
+            if self.gemm_backends is None or not _no_gemm_choice(exc):
+                raise
+            self.gemm_backends = None  # a GEMM the C++ templates do not cover: inductor's default choice
+            return self(*args)
 
 
 class _HeadStep(torch.nn.Module):
@@ -642,13 +675,18 @@ class CompiledSteps:
             self.stats.seconds += time.perf_counter() - began
         return runner
 
+    def _gemm_backends(self, rows: int, q: int) -> str | None:
+        """The GEMM backends max-autotune chooses among for a step of rows x q tokens (None: all)."""
+        return CPU_GEMM_BACKENDS if self.target.device.type == "cpu" and rows * q == 1 else None
+
     def _build(self, key: tuple, args: tuple, module: torch.nn.Module, what: str):
         rows, q, cap, layers = key
+        backends = self._gemm_backends(rows, q)
         what = f"{what} for {rows} row(s) x {q} token(s)" + (f" x {cap} cache slots" if cap else "")
         module = module.eval()
         if self.folder is None:
             self._say(f"compiling {what} (in this process)")
-            return _Jit(module, self.autotune)
+            return _Jit(module, self.autotune, backends)
         tag = layers if isinstance(layers, str) else "f" if layers is None else "l" + "-".join(map(str, layers))
         path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
         if path.is_file():
@@ -664,14 +702,14 @@ class CompiledSteps:
                 program = torch.export.export(module, args, strict=False)
         except Exception as exc:  # data-dependent shapes (MoE routing) do not export
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
-            return _Jit(module, self.autotune)
+            return _Jit(module, self.autotune, backends)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
         runner = None
         try:
             try:  # constants beside the .so, shared; bound before the package is kept
                 with _unique_constant_names() as apart:
                     if apart:
-                        self._package(program, partial, True)
+                        self._package(program, partial, True, backends)
                         runner = self._load(partial, module)
             except Exception as exc:
                 # e.g. oneDNN's packed weights (opaque tensors: max-autotune's pick for some shapes)
@@ -679,16 +717,24 @@ class CompiledSteps:
                 self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "
                           "building it again with them inside (this graph's weights are not shared)")
             if runner is None:
-                self._package(program, partial, False)
+                self._package(program, partial, False, backends)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
         self._say(f"  built in {time.perf_counter() - began:.0f} s")
         return runner if runner is not None else self._load(path, module)
 
-    def _package(self, program, path, apart: bool) -> None:
-        with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
+        try:
+            with torch._inductor.config.patch(_inductor_options(self.autotune, apart, backends)):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        except Exception as exc:
+            if backends is None or not _no_gemm_choice(exc):
+                raise
+            self._say(f"  a GEMM has no C++ template kernel ({one_line(exc, 100)}): building it again with "
+                      "inductor's default choice of GEMMs")
+            with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
     def _load(self, path, module: torch.nn.Module):
         runner = torch._inductor.aoti_load_package(str(path))
