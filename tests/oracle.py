@@ -21,7 +21,7 @@ class OracleDrafter:
         self._firsts = iter([p[0] for p in prompts]) if prompts else None
 
     # the batch drafter's interface (see draft/drafter.py): a state holds one history per row
-    def new_state(self, rows: int = 1) -> "Rows":
+    def new_state(self, rows: int = 1, slots: int = 0) -> "Rows":
         return Rows([next(self._firsts) if self._firsts else self.prompt[0]] for _ in range(rows))
 
     def absorb(self, state, new_tokens, new_features) -> None:

@@ -624,11 +624,14 @@ def test_compiled_draft_scores_are_the_eager_ones_at_every_shape(kind):
 @needs_cxx
 def test_warm_builds_the_steps_of_every_cache_size_a_run_needs():
     """`warm(contexts)` (what `eaglespec bench` calls with its prompts' lengths) builds the graphs of
-    each cache bucket up front: a long prompt then compiles nothing inside a timing."""
+    each cache bucket up front, the target's and the head's (whose cache, like the target's, is
+    sized when a sequence joins): a prompt that with its budget needs 1,024 slots then compiles
+    nothing inside a timing."""
     target = compiled_target("llama")
     gen = EagleGenerator(target, random_head(target), "chain:2")
     gen.warm(contexts=(40, 100, 600), trees=(parse_tree("chain:2"),))
     assert {k[2] for k in target.steps._runners if k[3] is None} == {512, 1024}
+    assert {k[2] for k in target.steps._runners if str(k[3]).startswith("h")} == {512, 1024}  # the head's steps
     built = target.steps.stats.graphs
     long_prompt = [int(i) % 100 + 3 for i in range(500)]
     assert len(ids(gen, 10, prompt=long_prompt)) == 10 and len(ids(gen, 10, speculative=False, prompt=long_prompt)) == 10

@@ -83,7 +83,7 @@ class EagerHeadSteps:
         self.head, self.target = head, target
         self.dtype = next(head.parameters()).dtype
 
-    def new_rows(self, rows: int) -> RowCache:
+    def new_rows(self, rows: int, slots: int = 0) -> RowCache:
         return RowCache(DynamicCache(config=self.head.cache_config), [0] * rows)
 
     def forward(self, rows: RowCache, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:
@@ -125,8 +125,10 @@ class Drafter:
         # after steps without drafts); a compiled head pads to this, so one graph serves them all
         self.absorb_width = tree.depth + 1
 
-    def new_state(self, rows: int = 1) -> DraftState:
-        return DraftState(self.steps.new_rows(rows))
+    def new_state(self, rows: int = 1, slots: int = 0) -> DraftState:
+        """slots: the most pairs and tree nodes a row will hold (a compiled head sizes its cache
+        for them at once; 0: the smallest size, grown as needed)."""
+        return DraftState(self.steps.new_rows(rows, slots))
 
     # -- head pieces ---------------------------------------------------------------------------
     def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:

@@ -156,10 +156,11 @@ class Batch:
         first = StepOutput([root], StepStats(0, 1, n), seq.finish_reason)
         if seq.done:
             return seq, first
-        rows = target.start_rows(cache, [n], n + seq.budget + (self.drafter.max_nodes if self.drafter else 1))
+        slots = n + seq.budget + (self.drafter.max_nodes if self.drafter else 1)
+        rows = target.start_rows(cache, [n], slots)
         if self.drafter is not None:
             # the prompt's pairs go into a one-row head state now; only the root's pair stays pending
-            state = self.drafter.new_state(1)
+            state = self.drafter.new_state(1, slots)
             self.drafter.absorb(state, seq.pending_tokens[:-1], seq.pending_hidden[:-1])
             seq.pending_tokens, seq.pending_hidden = seq.pending_tokens[-1:], seq.pending_hidden[-1:]
             self._draft.extend(state)

@@ -181,8 +181,9 @@ class StaticRows(RowCache):
         self._length = length
 
     @classmethod
-    def empty(cls, layers: int, heads: int, head_dim: int, rows: int, dtype, device) -> "StaticRows":
-        shape = (bucket(max(rows, 1), BATCH_BUCKETS), heads, CACHE_BUCKETS[0], head_dim)
+    def empty(cls, layers: int, heads: int, head_dim: int, rows: int, dtype, device, slots: int = 0) -> "StaticRows":
+        """No entries yet, room for `slots` slots (at least the smallest cache bucket)."""
+        shape = (bucket(max(rows, 1), BATCH_BUCKETS), heads, bucket(max(slots, 1), CACHE_BUCKETS), head_dim)
         return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
                    [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)], [0] * rows, 0)
 
@@ -539,8 +540,11 @@ class CompiledHeadSteps:
         self.tag = f"h{head.kind}-{owner.digest(head)}"
         self._scores: tuple[object, str, _DraftScores] | None = None  # (lm, its tag, module)
 
-    def new_rows(self, rows: int) -> StaticRows:
-        return StaticRows.empty(1, self.heads, self.head_dim, rows, self.dtype, self.target.device)
+    def new_rows(self, rows: int, slots: int = 0) -> StaticRows:
+        """slots: the most the rows will hold (a sequence's prompt, budget and tree), so that its
+        head cache, like the target's, is sized once and never changes bucket (and graphs)
+        mid-generation."""
+        return StaticRows.empty(1, self.heads, self.head_dim, rows, self.dtype, self.target.device, slots)
 
     @torch.no_grad()
     def forward(self, rows: StaticRows, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:
