@@ -22,6 +22,7 @@ LAYERS = ("base", "core", "engine", "jobs", "entry")  # lowest first
 # by its exact name (every module sits under it).
 LAYER_OF = {
     "eaglespec": "base", "eaglespec.errors": "base", "eaglespec.files": "base", "eaglespec.pause": "base",
+    "eaglespec.memory": "base",
     "eaglespec.core": "core",
     "eaglespec.engine": "engine", "eaglespec.draft": "engine",
     "eaglespec.bench": "jobs", "eaglespec.interop": "jobs", "eaglespec.serve": "jobs", "eaglespec.train": "jobs",
