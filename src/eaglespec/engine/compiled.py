@@ -729,16 +729,16 @@ class CompiledSteps:
         return runner if runner is not None else self._load(path, module)
 
     def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
-        try:
-            with torch._inductor.config.patch(_inductor_options(self.autotune, apart, backends)):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(path))
-        except Exception as exc:
-            if backends is None or not _no_gemm_choice(exc):
-                raise
-            self._say(f"  a GEMM has no C++ template kernel ({one_line(exc, 100)}): building it again with "
-                      "inductor's default choice of GEMMs")
-            with torch._inductor.config.patch(_inductor_options(self.autotune, apart)):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        for choice in dict.fromkeys([backends, None]):  # the allowed backends, then inductor's default
+            try:
+                with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)):
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+                return
+            except Exception as exc:
+                if choice is None or not _no_gemm_choice(exc):
+                    raise
+                self._say(f"  a GEMM has no C++ template kernel ({one_line(exc, 100)}): building it again with "
+                          "inductor's default choice of GEMMs")
 
     def _load(self, path, module: torch.nn.Module):
         runner = torch._inductor.aoti_load_package(str(path))
