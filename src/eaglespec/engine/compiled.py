@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -352,6 +353,21 @@ def _no_gemm_choice(exc: BaseException) -> bool:
     return False
 
 
+def _gemm_fallback(build: Callable[[str | None], object], backends: str | None,
+                   say: Callable[[BaseException], None] | None = None) -> tuple[object, str | None]:
+    """build(backends), and where some GEMM has no kernel among them (`_no_gemm_choice`) build(None),
+    inductor's default choice (said through `say`) -> (what it built, the backends it was built with)."""
+    for choice in dict.fromkeys([backends, None]):
+        try:
+            return build(choice), choice
+        except Exception as exc:
+            if choice is None or not _no_gemm_choice(exc):
+                raise
+            if say is not None:
+                say(exc)
+    raise AssertionError("unreachable: the last choice, None, returns or raises")
+
+
 _HOOK = threading.Lock()
 
 
@@ -460,15 +476,12 @@ class _Jit:
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
-        try:
-            with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=self.gemm_backends)), \
-                    self.attention:
+        def run(backends):
+            with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), self.attention:
                 return self.module(*args)
-        except Exception as exc:
-            if self.gemm_backends is None or not _no_gemm_choice(exc):
-                raise
-            self.gemm_backends = None  # a GEMM the C++ templates do not cover: inductor's default choice
-            return self(*args)
+
+        out, self.gemm_backends = _gemm_fallback(run, self.gemm_backends)  # None from then on, if it fell back
+        return out
 
 
 class _HeadStep(torch.nn.Module):
@@ -729,16 +742,13 @@ class CompiledSteps:
         return runner if runner is not None else self._load(path, module)
 
     def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
-        for choice in dict.fromkeys([backends, None]):  # the allowed backends, then inductor's default
-            try:
-                with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)):
-                    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
-                return
-            except Exception as exc:
-                if choice is None or not _no_gemm_choice(exc):
-                    raise
-                self._say(f"  a GEMM has no C++ template kernel ({one_line(exc, 100)}): building it again with "
-                          "inductor's default choice of GEMMs")
+        def build(choice):
+            with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+        _gemm_fallback(build, backends, lambda exc: self._say(
+            f"  a GEMM has no C++ template kernel ({one_line(exc, 100)}): building it again with "
+            "inductor's default choice of GEMMs"))
 
     def _load(self, path, module: torch.nn.Module):
         runner = torch._inductor.aoti_load_package(str(path))

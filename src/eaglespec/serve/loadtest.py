@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
+from ..errors import EagleError
 from ..memory import peak_rss_mb, reset_peak_rss
 
 TOPICS = ["a river", "the moon", "bread", "a violin", "winter", "a lighthouse", "chess", "honey", "a bicycle",
@@ -190,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.server_pid is not None and not args.url:
         raise SystemExit("--server-pid names a running server's process: give its --url too")
+    if args.server_pid is not None:
+        try:  # now, not after minutes of load
+            peak_rss_mb(args.server_pid)
+        except EagleError as exc:
+            raise SystemExit(f"--server-pid {args.server_pid}: {exc}; pass the pid of the running "
+                             "`eaglespec serve`, or leave --server-pid out") from exc
     if args.url:
         reset = args.server_pid is not None and reset_peak_rss(args.server_pid)
         report = run(args.url, args.clients, args.requests, args.max_tokens)
