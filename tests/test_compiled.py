@@ -500,20 +500,51 @@ def _kernels(package) -> str:
 
 
 @needs_cxx
-def test_on_a_cpu_gemms_are_inductors_cpp_templates(tmp_path):
-    """max-autotune on a CPU chooses a single-row step's GEMMs among inductor's C++ templates only
-    (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not oneDNN's linear
-    (which autotuning over cache-hot weights picks, and which streams slower in a real step);
-    wider steps and a GPU's keep inductor's own choice."""
+def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_4_register_rows(tmp_path):
+    """max-autotune on a CPU chooses the GEMMs of a step of up to 8 rows among inductor's C++
+    templates only (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not
+    oneDNN's linear (which autotuning over cache-hot weights picks, and which streams slower in a
+    real step); wider steps and a GPU's keep inductor's own choice. With AVX-512 the micro-GEMMs
+    hold at most 4 rows in registers (inductor's 8-row block ran 8-row products 1.3-2x slower),
+    and the ids stay eager's."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
     target = tiny_target("llama", dtype=torch.float32)
     target.steps = steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
-    assert steps._gemm_backends(1, 1) == compiled.CPU_GEMM_BACKENDS == "CPP"
-    assert steps._gemm_backends(1, 2) is steps._gemm_backends(8, 1) is None
+    assert steps._gemm_backends(1, 1) == steps._gemm_backends(1, 8) == steps._gemm_backends(8, 1) == "CPP"
+    assert compiled.CPU_GEMM_BACKENDS == "CPP" and steps._gemm_backends(1, 16) is steps._gemm_backends(4, 4) is None
     eager = tiny_target("llama", dtype=torch.float32)
     assert ids(EagleGenerator(target, None), 4, speculative=False) == ids(EagleGenerator(eager, None), 4, speculative=False)
-    (kept,) = tmp_path.glob("step-1x1x*.pt2")
-    code = _kernels(kept)
-    assert "micro_gemm" in code and "linear_pointwise" not in code
+    assert ids(EagleGenerator(target, random_head(target), "chain:7"), 12) == ids(EagleGenerator(eager, None), 12, speculative=False)
+    for q in (1, 8):
+        (kept,) = tmp_path.glob(f"step-1x{q}x*-f.pt2")
+        code = _kernels(kept)
+        assert "micro_gemm" in code and "linear_pointwise" not in code
+        if "avx512" in str(pick_vec_isa()).lower():
+            blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
+            assert blocks and max(blocks) <= compiled.CPU_REGISTER_ROWS == 4, blocks
+
+
+def test_the_register_rows_patch_changes_only_fp32_avx512_blocks_and_is_undone():
+    """compiled._register_rows: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
+    most CPU_REGISTER_ROWS rows and every other shape is as it was; afterwards, the table is whole
+    again. No patch for a GPU's builds."""
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._inductor.codegen import cpp_micro_gemm as micro
+
+    table = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
+    before = list(table)
+    assert any(c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32 and c.register_blocking.block_m > 4
+               for c in before)  # else the patch has nothing to change in this torch
+    with compiled._register_rows("cpu"):
+        for was, now in zip(before, table, strict=True):
+            if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
+                assert now.register_blocking == (min(was.register_blocking.block_m, 4), *was.register_blocking[1:])
+            else:
+                assert now == was
+    assert table == before
+    with compiled._register_rows("cuda"):
+        assert table == before
 
 
 @needs_cxx

@@ -36,6 +36,7 @@ cost about 8 ms of a 27 ms single-token step of SmolLM2-135M (profiled, docs/ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
@@ -316,14 +317,61 @@ class _Attention:
         self.saved.clear()
 
 
-# On a CPU, max-autotune chooses a single-row step's GEMMs (one sequence, one token: a vanilla
-# step, a head's step) among inductor's C++ templates alone. Left to choose, it times each GEMM in
-# a loop over the same weights, which then sit in the caches, and picks oneDNN's packed product,
-# which in a real step (the weights streamed from memory) is slower. Measured side by side on the
-# AVX-512 kind (README, "The compiled step"): a vanilla step of SmolLM2-135M took 19.3 and 24.0 ms
-# with its oneDNN products, 15.0 and 18.5 ms with the C++ templates. From 2 tokens up its own choice
-# stands: the templates at 2 and 4, and at 8 a mix that ran 28-32 ms against 35 ms for templates.
+# On a CPU, max-autotune chooses the GEMMs of a step of up to CPU_TEMPLATE_ROWS rows (a vanilla
+# step, a head's step, the verification of trees of up to 8 tokens) among inductor's C++ templates
+# alone. Left to choose, it times each GEMM in a loop over the same weights, which then sit in the
+# caches, and picks oneDNN's packed product, which in a real step (the weights streamed from memory)
+# is slower. Measured side by side on the AVX-512 kind (docs/benchmarks.md): a vanilla step of
+# SmolLM2-135M took 19.3 and 24.0 ms with its oneDNN products, 15.0 and 18.5 ms with the templates;
+# an 8-token step (templates of 4 register rows, below) 30.3 and 31.7 ms against 35.9 and 36.1 for
+# autotune's mix. Wider steps (batches) keep its own choice.
+CPU_TEMPLATE_ROWS = 8
 CPU_GEMM_BACKENDS = "CPP"
+
+
+# On a CPU with AVX-512, inductor's fp32 micro-GEMM holds a block of 8 rows x 48 columns in
+# registers (24 accumulators), and at 8 rows it ran 1.3-2x slower than a 4-row block: measured on
+# the AVX-512 kind (docs/benchmarks.md, "An 8-token step at 4 register rows"), 120 products of
+# 576 x 1536 weights streamed from memory took 28.7 ms at 8 rows with the 8-row block, 21.4 ms with
+# a 4-row block (11.8 and 11.4 at 1 row; `python -m eaglespec.bench.gemm`); an 8-row panel of
+# weights is then read twice, the second time from L1. Each output's sum runs over k in the same
+# order either way, so the block changes no result (the command compares them bit for bit). AVX2's
+# blocks are 4 rows already.
+CPU_REGISTER_ROWS = 4
+_MICRO = threading.Lock()
+
+
+@contextlib.contextmanager
+def _register_rows(device_type: str, most: int | None = CPU_REGISTER_ROWS):
+    """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most `most`
+    rows (a patch of its table of micro-kernel shapes, restored afterwards; None, or a torch
+    without that table: its own blocks)."""
+    if device_type != "cpu" or most is None:
+        yield
+        return
+    try:
+        import torch._inductor.compile_fx  # noqa: F401  (inductor's modules import in this order)
+        from torch._inductor.codegen import cpp_micro_gemm as micro
+
+        configs = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
+        blocking = type(configs[0].register_blocking)
+    except (ImportError, AttributeError, KeyError, IndexError):
+        yield
+        return
+
+    def fewer_rows(c):
+        if c.vec_isa_cls is not micro.VecAVX512 or c.input_dtype != torch.float32 \
+                or c.register_blocking.block_m <= most:
+            return c
+        return dataclasses.replace(c, register_blocking=blocking(most, *c.register_blocking[1:]))
+
+    with _MICRO:
+        saved = list(configs)
+        configs[:] = [fewer_rows(c) for c in configs]
+        try:
+            yield
+        finally:
+            configs[:] = saved
 
 
 def _inductor_options(autotune: bool, package: bool = False, gemm_backends: str | None = None) -> dict:
@@ -472,12 +520,15 @@ class _Jit:
         self.autotune = autotune
         self.gemm_backends = gemm_backends
         self.attention = _Attention(module)
+        weight = next(module.parameters(), None)
+        self.device_type = "cpu" if weight is None else weight.device.type
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
         def run(backends):
-            with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), self.attention:
+            with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), \
+                    _register_rows(self.device_type), self.attention:
                 return self.module(*args)
 
         out, self.gemm_backends = _gemm_fallback(run, self.gemm_backends)  # None from then on, if it fell back
@@ -694,7 +745,7 @@ class CompiledSteps:
 
     def _gemm_backends(self, rows: int, q: int) -> str | None:
         """The GEMM backends max-autotune chooses among for a step of rows x q tokens (None: all)."""
-        return CPU_GEMM_BACKENDS if self.target.device.type == "cpu" and rows * q == 1 else None
+        return CPU_GEMM_BACKENDS if self.target.device.type == "cpu" and rows * q <= CPU_TEMPLATE_ROWS else None
 
     def _build(self, key: tuple, args: tuple, module: torch.nn.Module, what: str):
         rows, q, cap, layers = key
@@ -743,7 +794,8 @@ class CompiledSteps:
 
     def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
         def build(choice):
-            with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)):
+            with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)), \
+                    _register_rows(self.target.device.type):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
         _gemm_fallback(build, backends, lambda exc: self._say(

@@ -1,0 +1,138 @@
+"""Inductor's C++ GEMM templates at a few rows, for each register block: products of a decoder's
+shape with their weights streamed from memory, as a decoding step streams them.
+
+A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 x 1536, 120 of
+them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
+with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
+count and register block (`--register-rows`: the most rows a micro-kernel holds, as
+compiled.CPU_REGISTER_ROWS sets it; `inductor`: inductor's own table). All are then timed in
+shuffled interleaved rounds in one process (medians), so a machine shared with other work slows
+them alike. It measured the rule behind CPU_REGISTER_ROWS (docs/benchmarks.md).
+
+    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import EagleError
+
+
+class _Products(torch.nn.Module):
+    def __init__(self, count: int, k: int, n: int):
+        super().__init__()
+        self.products = torch.nn.ModuleList(torch.nn.Linear(k, n, bias=False) for _ in range(count))
+
+    def forward(self, x):
+        return [p(x) for p in self.products]
+
+
+def _blocks(text: str) -> list[int | None]:
+    out = []
+    for part in text.split(","):
+        if part == "inductor":
+            out.append(None)
+        elif part.isdigit() and int(part) > 0:
+            out.append(int(part))
+        else:
+            raise EagleError(f"--register-rows {text!r}: give 'inductor' or a positive number of rows, "
+                             "comma-separated, e.g. inductor,4")
+    return out
+
+
+@torch.no_grad()
+def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, shape: tuple[int, int] = (576, 1536),
+               rounds: int = 9, say=print) -> tuple[dict, dict]:
+    """-> ({(register rows or None, rows): median seconds of one pass over every product},
+    {rows: whether every register block gave bit for bit the same products})."""
+    from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows
+
+    torch.manual_seed(0)
+    module = _Products(products, *shape).eval()
+    runners, outputs = {}, {}
+    inputs = {m: torch.randn(m, shape[0]) for m in rows}  # the same for every block
+    with tempfile.TemporaryDirectory(prefix="eaglespec-gemm-") as folder:
+        for block in blocks:
+            for m in rows:
+                x = inputs[m]
+                began = time.perf_counter()
+                program = torch.export.export(module, (x,), strict=False)
+                path = Path(folder) / f"gemm-{block}-{m}.pt2"
+                # no cache: inductor's keys do not hold the register block, so a second block's
+                # build of the same graph would be served the first one's code
+                options = _inductor_options(True, gemm_backends=CPU_GEMM_BACKENDS) | {"force_disable_caches": True}
+                with torch._inductor.config.patch(options), _register_rows("cpu", block):
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+                runners[(block, m)] = (torch._inductor.aoti_load_package(str(path)), x)
+                outputs[(block, m)] = runners[(block, m)][0](x)
+                say(f"built {m} row(s), register rows {block or 'inductor'} in {time.perf_counter() - began:.0f} s")
+        cases = list(runners)
+        times = {case: [] for case in cases}
+        for case in cases:  # warm
+            runners[case][0](runners[case][1])
+        order = random.Random(0)
+        for _ in range(rounds):
+            order.shuffle(cases)
+            for case in cases:
+                runner, x = runners[case]
+                t = time.perf_counter()
+                runner(x)
+                times[case].append(time.perf_counter() - t)
+    same = {m: all(all(torch.equal(a, b) for a, b in zip(outputs[(blocks[0], m)], outputs[(block, m)], strict=True))
+                   for block in blocks) for m in rows}
+    return {case: statistics.median(ts) for case, ts in times.items()}, same
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..engine.compiled import compiler_problem
+    from ..pause import hold_machine
+
+    p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
+    p.add_argument("--register-rows", default="inductor,4",
+                   help="register blocks to compare: 'inductor' (its own table) or the most rows a micro-kernel holds")
+    p.add_argument("--products", type=int, default=120)
+    p.add_argument("--shape", default="576x1536", help="K x N of each product")
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+        k, n = (int(v) for v in args.shape.split("x"))
+    except ValueError:
+        raise SystemExit(f"--rows {args.rows!r} / --shape {args.shape!r}: give numbers, e.g. --rows 1,8 --shape 576x1536")
+    problem = compiler_problem()
+    if problem is not None:
+        raise SystemExit(f"inductor's C++ backend cannot build here: {problem}")
+    try:
+        blocks = _blocks(args.register_rows)
+    except EagleError as exc:
+        raise SystemExit(str(exc))
+    size = args.products * k * n * 4
+    print(f"{args.products} products of {k} x {n} fp32 ({size / 1e6:.0f} MB), {torch.get_num_threads()} threads",
+          file=sys.stderr)
+    with hold_machine():  # a background capture or training run sleeps meanwhile
+        times, same = gemm_times(rows, blocks, args.products, (k, n), args.rounds,
+                                 say=lambda line: print(line, file=sys.stderr))
+    print("register rows " + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
+    for block in blocks:
+        cells = "".join(f"  {times[(block, m)] * 1e3:8.1f}" for m in rows)
+        one = times.get((block, 1))
+        ratios = " ".join(f"{times[(block, m)] / one:.2f}" for m in rows) if one else ""
+        print(f"{str(block or 'inductor'):13s}{cells}  {size / one / 1e9 if one else float('nan'):11.1f}  {ratios}")
+    if len(blocks) > 1:
+        print("products bit for bit the same across register blocks: "
+              + ", ".join(f"m={m} {'yes' if same[m] else 'NO'}" for m in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
