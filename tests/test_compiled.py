@@ -537,14 +537,20 @@ def test_the_register_rows_patch_changes_only_fp32_avx512_blocks_and_is_undone()
     assert any(c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32 and c.register_blocking.block_m > 4
                for c in before)  # else the patch has nothing to change in this torch
     with compiled._register_rows("cpu"):
+        # inductor's graph cache keys on the block too (a custom pass's uuid is part of its key)
+        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == "eaglespec-register-rows-4"
         for was, now in zip(before, table, strict=True):
             if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
                 assert now.register_blocking == (min(was.register_blocking.block_m, 4), *was.register_blocking[1:])
             else:
                 assert now == was
-    assert table == before
+    assert table == before and torch._inductor.config.post_grad_custom_post_pass is None
     with compiled._register_rows("cuda"):
         assert table == before
+    with compiled._register_rows("cpu", 2), compiled._register_rows("cpu", 2):  # nested: no deadlock
+        assert max(c.register_blocking.block_m for c in table if c.vec_isa_cls is micro.VecAVX512
+                   and c.input_dtype == torch.float32) == 2
+    assert table == before
 
 
 @needs_cxx

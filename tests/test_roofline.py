@@ -36,6 +36,10 @@ def test_gemm_times_each_register_block_and_row_count_and_compares_their_product
     assert same == {1: True, 8: True}
 
 
-def test_the_gemm_command_refuses_a_bad_register_block_in_one_line():
+def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
     with pytest.raises(SystemExit, match="--register-rows 'inductor,x': give 'inductor' or a positive number"):
         gemm.main(["--register-rows", "inductor,x"])
+    with pytest.raises(SystemExit, match="--rows '0,8' / --shape '576x1536': give positive numbers"):
+        gemm.main(["--rows", "0,8"])
+    with pytest.raises(SystemExit, match="--rounds 0 / --products 120: give at least 1"):
+        gemm.main(["--rounds", "0"])

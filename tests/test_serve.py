@@ -329,11 +329,11 @@ def test_the_load_test_reads_peak_memory_of_itself_or_of_a_server_pid():
     assert high > 200 and abs(high - peak_rss_mb(os.getpid())) <= 2
     if reset_peak_rss():
         assert peak_rss_mb() < high - 100
-    with pytest.raises(EagleError, match="no process 999999999") as info:
+    with pytest.raises(EagleError, match="cannot read the peak memory of process 999999999") as info:
         peak_rss_mb(999999999)
     assert "\n" not in str(info.value)
     from eaglespec.serve.loadtest import main
 
     # before any load: a request to port 9 would fail, and the old check ran only after the load
-    with pytest.raises(SystemExit, match=r"--server-pid 999999999: no process 999999999 .*leave --server-pid out"):
+    with pytest.raises(SystemExit, match=r"--server-pid 999999999: cannot read the peak memory of process 999999999 .*leave --server-pid out"):
         main(["--url", "http://127.0.0.1:9", "--server-pid", "999999999", "--clients", "1", "--requests", "1"])

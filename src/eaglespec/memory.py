@@ -18,7 +18,7 @@ def peak_rss_mb(pid: int | None = None) -> int:
             import resource
 
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
-        raise EagleError(f"no process {pid} on this machine to read the peak memory of ({exc.strerror})") from exc
+        raise EagleError(f"cannot read the peak memory of process {pid} (/proc/{pid}/status: {exc.strerror})") from exc
     for line in status.splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) // 1024

@@ -5,9 +5,11 @@ A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
 with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
 count and register block (`--register-rows`: the most rows a micro-kernel holds, as
-compiled.CPU_REGISTER_ROWS sets it; `inductor`: inductor's own table). All are then timed in
+compiled.CPU_REGISTER_ROWS does; `inductor`: inductor's own table). All are then timed in
 shuffled interleaved rounds in one process (medians), so a machine shared with other work slows
-them alike. It measured the rule behind CPU_REGISTER_ROWS (docs/benchmarks.md).
+them alike. It measured the rule behind CPU_REGISTER_ROWS (docs/benchmarks.md). Each package keeps
+its weights inside its .so: the defaults hold 8 x 425 MB in memory, and as much in a temporary
+folder while they build.
 
     python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4] [--rounds 9]
 """
@@ -67,8 +69,8 @@ def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, s
                 began = time.perf_counter()
                 program = torch.export.export(module, (x,), strict=False)
                 path = Path(folder) / f"gemm-{block}-{m}.pt2"
-                # no cache: inductor's keys do not hold the register block, so a second block's
-                # build of the same graph would be served the first one's code
+                # no cache: each block's build is its own (its first run, before inductor's graph
+                # cache keyed on the block, was served the first block's code for the second)
                 options = _inductor_options(True, gemm_backends=CPU_GEMM_BACKENDS) | {"force_disable_caches": True}
                 with torch._inductor.config.patch(options), _register_rows("cpu", block):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))
@@ -105,17 +107,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     args = p.parse_args(argv)
     try:
-        rows = [int(r) for r in args.rows.split(",")]
+        rows = list(dict.fromkeys(int(r) for r in args.rows.split(",")))
         k, n = (int(v) for v in args.shape.split("x"))
+        if min(rows + [k, n]) < 1:
+            raise ValueError
     except ValueError:
-        raise SystemExit(f"--rows {args.rows!r} / --shape {args.shape!r}: give numbers, e.g. --rows 1,8 --shape 576x1536")
+        raise SystemExit(f"--rows {args.rows!r} / --shape {args.shape!r}: give positive numbers, "
+                         "e.g. --rows 1,8 --shape 576x1536")
+    if args.rounds < 1 or args.products < 1:
+        raise SystemExit(f"--rounds {args.rounds} / --products {args.products}: give at least 1")
+    try:
+        blocks = list(dict.fromkeys(_blocks(args.register_rows)))
+    except EagleError as exc:
+        raise SystemExit(str(exc))
     problem = compiler_problem()
     if problem is not None:
         raise SystemExit(f"inductor's C++ backend cannot build here: {problem}")
-    try:
-        blocks = _blocks(args.register_rows)
-    except EagleError as exc:
-        raise SystemExit(str(exc))
     size = args.products * k * n * 4
     print(f"{args.products} products of {k} x {n} fp32 ({size / 1e6:.0f} MB), {torch.get_num_threads()} threads",
           file=sys.stderr)

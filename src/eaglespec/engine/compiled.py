@@ -336,28 +336,55 @@ CPU_GEMM_BACKENDS = "CPP"
 # a 4-row block (11.8 and 11.4 at 1 row; `python -m eaglespec.bench.gemm`); an 8-row panel of
 # weights is then read twice, the second time from L1. Each output's sum runs over k in the same
 # order either way, so the block changes no result (the command compares them bit for bit). AVX2's
-# blocks are 4 rows already.
-CPU_REGISTER_ROWS = 4
-_MICRO = threading.Lock()
+# table (4 rows, and 8 x 8 where N divides by 8 only) is left as it is; the AVX2 and AMX kinds
+# run this rule unmeasured.
+CPU_REGISTER_ROWS = 4  # a change here needs an ARTEFACT_SCHEME bump: a package's key does not hold it
+_MICRO = threading.RLock()  # one thread patches inductor's table at a time; a nested use only yields
 
 
-@contextlib.contextmanager
-def _register_rows(device_type: str, most: int | None = CPU_REGISTER_ROWS):
-    """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most `most`
-    rows (a patch of its table of micro-kernel shapes, restored afterwards; None, or a torch
-    without that table: its own blocks)."""
-    if device_type != "cpu" or most is None:
-        yield
-        return
+def _micro_gemm_table():
+    """(inductor's fp32 micro-GEMM table, its module), or None in a torch without one."""
     try:
         import torch._inductor.compile_fx  # noqa: F401  (inductor's modules import in this order)
         from torch._inductor.codegen import cpp_micro_gemm as micro
 
         configs = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
-        blocking = type(configs[0].register_blocking)
+        type(configs[0].register_blocking)
     except (ImportError, AttributeError, KeyError, IndexError):
+        return None
+    return configs, micro
+
+
+@functools.cache
+def _rows_key(most: int):
+    """A post-grad pass that does nothing but put the register block in inductor's graph-cache key
+    (its cache keys on its config, not on the micro-GEMM table): a graph cached with one block is
+    never served to a build with another."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class RegisterRows(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            pass
+
+        def uuid(self):
+            return f"eaglespec-register-rows-{most}"
+
+    return RegisterRows()
+
+
+@contextlib.contextmanager
+def _register_rows(device_type: str, most: int | None = ...):
+    """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most `most`
+    rows (default CPU_REGISTER_ROWS; a patch of its table of micro-kernel shapes, restored
+    afterwards; None, or a torch without that table: its own blocks). VecAMX's own shapes (bf16,
+    int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
+    most = CPU_REGISTER_ROWS if most is ... else most
+    found = _micro_gemm_table() if device_type == "cpu" and most is not None else None
+    if found is None:
         yield
         return
+    configs, micro = found
+    blocking = type(configs[0].register_blocking)
 
     def fewer_rows(c):
         if c.vec_isa_cls is not micro.VecAVX512 or c.input_dtype != torch.float32 \
@@ -365,7 +392,7 @@ def _register_rows(device_type: str, most: int | None = CPU_REGISTER_ROWS):
             return c
         return dataclasses.replace(c, register_blocking=blocking(most, *c.register_blocking[1:]))
 
-    with _MICRO:
+    with _MICRO, torch._inductor.config.patch(post_grad_custom_post_pass=_rows_key(most)):
         saved = list(configs)
         configs[:] = [fewer_rows(c) for c in configs]
         try:

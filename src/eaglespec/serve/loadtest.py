@@ -201,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         reset = args.server_pid is not None and reset_peak_rss(args.server_pid)
         report = run(args.url, args.clients, args.requests, args.max_tokens)
         if args.server_pid is not None:
-            report = replace(report, peak_rss_mb=peak_rss_mb(args.server_pid),
-                             peak_rss_since="the load" if reset else "the start")
+            try:
+                report = replace(report, peak_rss_mb=peak_rss_mb(args.server_pid),
+                                 peak_rss_since="the load" if reset else "the start")
+            except EagleError as exc:  # the server went away during the load: the report stands
+                print(f"[loadtest] no peak memory: {exc}", file=sys.stderr)
     else:
         from ..engine.decoding import EagleGenerator
         from .app import create_app
