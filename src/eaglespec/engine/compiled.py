@@ -349,10 +349,9 @@ def _micro_gemm_table():
         from torch._inductor.codegen import cpp_micro_gemm as micro
 
         configs = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
-        type(configs[0].register_blocking)
-    except (ImportError, AttributeError, KeyError, IndexError):
+    except (ImportError, AttributeError, KeyError):
         return None
-    return configs, micro
+    return (configs, micro) if configs else None
 
 
 @functools.cache
