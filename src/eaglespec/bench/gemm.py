@@ -17,8 +17,6 @@ folder while they build.
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +55,7 @@ def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, s
     """-> ({(register rows or None, rows): median seconds of one pass over every product},
     {rows: whether every register block gave bit for bit the same products})."""
     from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows
+    from .roofline import interleaved_medians
 
     torch.manual_seed(0)
     module = _Products(products, *shape).eval()
@@ -77,21 +76,10 @@ def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, s
                 runners[(block, m)] = (torch._inductor.aoti_load_package(str(path)), x)
                 outputs[(block, m)] = runners[(block, m)][0](x)
                 say(f"built {m} row(s), register rows {block or 'inductor'} in {time.perf_counter() - began:.0f} s")
-        cases = list(runners)
-        times = {case: [] for case in cases}
-        for case in cases:  # warm
-            runners[case][0](runners[case][1])
-        order = random.Random(0)
-        for _ in range(rounds):
-            order.shuffle(cases)
-            for case in cases:
-                runner, x = runners[case]
-                t = time.perf_counter()
-                runner(x)
-                times[case].append(time.perf_counter() - t)
+        times = interleaved_medians(list(runners), lambda case: runners[case][0](runners[case][1]), rounds)
     same = {m: all(all(torch.equal(a, b) for a, b in zip(outputs[(blocks[0], m)], outputs[(block, m)], strict=True))
                    for block in blocks) for m in rows}
-    return {case: statistics.median(ts) for case, ts in times.items()}, same
+    return times, same
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,6 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
         target.forward(prompt, cache)
         rows[name] = backend.start_rows(cache, [context], context + max(tokens))
     cases = [(name, q) for name in steps for q in tokens] + ([READ] if read_bytes else [])
-    times = {case: [] for case in cases}
     buffer = torch.ones(read_bytes // 4) if read_bytes else None
 
     def run(name, q):
@@ -64,14 +63,22 @@ def step_times(target, steps: dict, tokens: list[int], context: int = 256, round
         steps[name].verify_rows(ids, rows[name], mask, torch.arange(q)[None], [q])
         rows[name].crop(context)
 
-    for case in cases:  # warm (and build graphs)
-        run(*case)
+    return interleaved_medians(cases, lambda case: run(*case), rounds)
+
+
+def interleaved_medians(cases: list, run, rounds: int) -> dict:
+    """{case: median seconds of run(case)}: every case run once to warm (and build graphs), then
+    `rounds` rounds, each over all cases in a shuffled order, so that a machine shared with other
+    work slows them alike."""
+    cases, times = list(cases), {case: [] for case in cases}
+    for case in cases:
+        run(case)
     order = random.Random(0)
     for _ in range(rounds):
         order.shuffle(cases)
         for case in cases:
             t = time.perf_counter()
-            run(*case)
+            run(case)
             times[case].append(time.perf_counter() - t)
     return {case: statistics.median(ts) for case, ts in times.items()}
 
