@@ -36,8 +36,17 @@ def test_gemm_times_each_register_block_and_row_count_and_compares_their_product
     assert same == {1: True, 8: True}
 
 
+@pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
+def test_gemm_times_also_builds_max_autotunes_own_pick_among_all_backends():
+    """`--register-rows any`: the products as a step wider than CPU_TEMPLATE_ROWS is built
+    (max-autotune over every backend), timed beside the templates; its sums may differ."""
+    times, same = gemm.gemm_times([16], [4, gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
+    assert set(times) == {(4, 16), (gemm.ANY, 16)} and all(t > 0 for t in times.values())
+    assert set(same) == {16}
+
+
 def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
-    with pytest.raises(SystemExit, match="--register-rows 'inductor,x': give 'inductor' or a positive number"):
+    with pytest.raises(SystemExit, match="--register-rows 'inductor,x': give 'inductor', 'any' or a positive number"):
         gemm.main(["--register-rows", "inductor,x"])
     with pytest.raises(SystemExit, match="--rows '0,8' / --shape '576x1536': give positive numbers"):
         gemm.main(["--rows", "0,8"])

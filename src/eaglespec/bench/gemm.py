@@ -5,13 +5,15 @@ A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
 with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
 count and register block (`--register-rows`: the most rows a micro-kernel holds, as
-compiled.CPU_REGISTER_ROWS does; `inductor`: inductor's own table). All are then timed in
+compiled.CPU_REGISTER_ROWS does; `inductor`: inductor's own table; `any`: max-autotune's own pick
+among all its GEMM backends, oneDNN's included, as a step wider than compiled.CPU_TEMPLATE_ROWS
+is built). All are then timed in
 shuffled interleaved rounds in one process (medians), so a machine shared with other work slows
 them alike. It measured the rule behind CPU_REGISTER_ROWS (docs/benchmarks.md). Each package keeps
 its weights inside its .so: the defaults hold 8 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
-    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4] [--rounds 9]
+    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4,any] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -36,25 +38,31 @@ class _Products(torch.nn.Module):
         return [p(x) for p in self.products]
 
 
-def _blocks(text: str) -> list[int | None]:
+ANY = "any"  # not a register block: max-autotune's pick among all backends
+
+
+def _blocks(text: str) -> list[int | str | None]:
     out = []
     for part in text.split(","):
         if part == "inductor":
             out.append(None)
+        elif part == ANY:
+            out.append(ANY)
         elif part.isdigit() and int(part) > 0:
             out.append(int(part))
         else:
-            raise EagleError(f"--register-rows {text!r}: give 'inductor' or a positive number of rows, "
+            raise EagleError(f"--register-rows {text!r}: give 'inductor', 'any' or a positive number of rows, "
                              "comma-separated, e.g. inductor,4")
     return out
 
 
 @torch.no_grad()
-def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, shape: tuple[int, int] = (576, 1536),
+def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 120, shape: tuple[int, int] = (576, 1536),
                rounds: int = 9, say=print) -> tuple[dict, dict]:
-    """-> ({(register rows or None, rows): median seconds of one pass over every product},
-    {rows: whether every register block gave bit for bit the same products})."""
-    from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows
+    """-> ({(block, rows): median seconds of one pass over every product}, {rows: whether every
+    block gave bit for bit the same products as the first}); a block is a number of register rows,
+    None (inductor's table) or ANY."""
+    from ..engine.compiled import CPU_GEMM_BACKENDS, CPU_REGISTER_ROWS, _inductor_options, _register_rows
     from .roofline import interleaved_medians
 
     torch.manual_seed(0)
@@ -70,8 +78,9 @@ def gemm_times(rows: list[int], blocks: list[int | None], products: int = 120, s
                 path = Path(folder) / f"gemm-{block}-{m}.pt2"
                 # no cache: each block's build is its own (its first run, before inductor's graph
                 # cache keyed on the block, was served the first block's code for the second)
-                options = _inductor_options(True, gemm_backends=CPU_GEMM_BACKENDS) | {"force_disable_caches": True}
-                with torch._inductor.config.patch(options), _register_rows("cpu", block):
+                backends, most = (None, CPU_REGISTER_ROWS) if block == ANY else (CPU_GEMM_BACKENDS, block)
+                options = _inductor_options(True, gemm_backends=backends) | {"force_disable_caches": True}
+                with torch._inductor.config.patch(options), _register_rows("cpu", most):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))
                 runners[(block, m)] = (torch._inductor.aoti_load_package(str(path)), x)
                 outputs[(block, m)] = runners[(block, m)][0](x)
@@ -89,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
     p.add_argument("--register-rows", default="inductor,4",
-                   help="register blocks to compare: 'inductor' (its own table) or the most rows a micro-kernel holds")
+                   help="register blocks to compare: 'inductor' (its own table) or the most rows a micro-kernel "
+                   "holds; 'any': max-autotune's pick among all backends (oneDNN's included)")
     p.add_argument("--products", type=int, default=120)
     p.add_argument("--shape", default="576x1536", help="K x N of each product")
     p.add_argument("--rounds", type=int, default=9)
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = " ".join(f"{times[(block, m)] / one:.2f}" for m in rows) if one else ""
         print(f"{str(block or 'inductor'):13s}{cells}  {size / one / 1e9 if one else float('nan'):11.1f}  {ratios}")
     if len(blocks) > 1:
-        print("products bit for bit the same across register blocks: "
+        print(f"products bit for bit the same as {blocks[0] or 'inductor'}'s: "
               + ", ".join(f"m={m} {'yes' if same[m] else 'NO'}" for m in rows))
     return 0
 
