@@ -93,7 +93,8 @@ def main(argv=None) -> int:
                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except EagleError as exc:
         p.exit(2, f"{p.prog}: error: {exc}\n")
-    meta = {"command": shlex.join(["python", "-m", "eaglespec.bench.acceptance"] + sys.argv[1:]),
+    given = sys.argv[1:] if argv is None else list(argv)  # called by another job (scaling): its own arguments
+    meta = {"command": shlex.join(["python", "-m", "eaglespec.bench.acceptance"] + given),
             "dataset": args.dataset, "head": args.head, "prompts": len(prompts), "batch": args.batch,
             "max_new_tokens": args.max_new_tokens, "minutes": round((time.perf_counter() - started) / 60, 1),
             "vanilla_tokens": vanilla_tokens, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
