@@ -57,8 +57,8 @@ def _blocks(text: str) -> list[int | str | None]:
 
 
 @torch.no_grad()
-def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 120, shape: tuple[int, int] = (576, 1536),
-               rounds: int = 9, say=print) -> tuple[dict, dict]:
+def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 120,
+               shape: tuple[int, int] = (576, 1536), rounds: int = 9, say=print) -> tuple[dict, dict]:
     """-> ({(block, rows): median seconds of one pass over every product}, {rows: whether every
     block gave bit for bit the same products as the first}); a block is a number of register rows,
     None (inductor's table) or ANY."""
