@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import tiny_target
 
-from eaglespec.bench import gemm, roofline
+from eaglespec.bench import gemm, profile, roofline
 from eaglespec.engine import compiled
 from eaglespec.engine.target import EagerSteps
 
@@ -52,3 +52,42 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
         gemm.main(["--rows", "0,8"])
     with pytest.raises(SystemExit, match="--rounds 0 / --products 120: give at least 1"):
         gemm.main(["--rounds", "0"])
+
+
+def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its_nearest_kind():
+    from types import SimpleNamespace as Ev
+
+    assert profile.kind_of("graph_0_gemm_m1n64k64_kernel") == "GEMMs" == profile.kind_of("mkldnn::_linear_pointwise")
+    assert profile.kind_of("graph_0_cpp_fused__scaled_dot_product_flash_attention_for_cpu_3") == "fused loops"
+    assert profile.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert profile.kind_of("## Call CompiledFxGraph fabc ##") == "graph glue"
+    assert profile.kind_of("aten::empty_like") is None
+    glue = Ev(name="Torch-Compiled Region: 0/0", self_cpu_time_total=5.0, cpu_parent=None)
+    sdpa = Ev(name="aten::_scaled_dot_product_flash_attention_for_cpu", self_cpu_time_total=30.0, cpu_parent=glue)
+    inside = Ev(name="aten::empty_like", self_cpu_time_total=2.0, cpu_parent=sdpa)
+    alone = Ev(name="aten::cat", self_cpu_time_total=7.0, cpu_parent=None)
+    kinds, kernels = profile.breakdown([glue, sdpa, inside, alone])
+    assert kinds == {"GEMMs": 0.0, "attention": 32.0, "fused loops": 0.0, "graph glue": 5.0, "outside the graph": 7.0}
+    assert kernels["aten::empty_like"] == 2.0 and sum(kernels.values()) == sum(kinds.values())
+
+
+@pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
+def test_profile_steps_splits_a_compiled_steps_time_into_kinds(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
+    target = tiny_target("llama", dtype=torch.float32, check=False)
+    result = profile.profile_steps(target, compiled.CompiledSteps(target, autotune=False, progress=False), [1, 2],
+                                   context=8, n=2)
+    assert set(result) == {1, 2}
+    for wall, kinds, kernels in result.values():
+        assert wall > 0 and set(kinds) == set(profile.KINDS)
+        assert kinds["GEMMs"] > 0 and kinds["attention"] > 0 and kinds["fused loops"] > 0
+        assert abs(sum(kinds.values()) - sum(kernels.values())) < 1e-9
+
+
+def test_the_profile_command_refuses_bad_options_in_one_line_before_loading():
+    with pytest.raises(SystemExit, match="--tokens '1,x' / --context 256 / --steps 10: give positive numbers"):
+        profile.main(["--tokens", "1,x"])
+    with pytest.raises(SystemExit, match="give positive numbers"):
+        profile.main(["--steps", "0"])
