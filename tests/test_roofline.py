@@ -10,13 +10,15 @@ from eaglespec.engine.target import EagerSteps
 
 
 def test_weight_bytes_counts_each_matrix_once_and_one_embedding_row():
+    """The tiny llama (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 key heads, vocab 128): a
+    layer holds 4,096 + 2 x 2,048 + 4,096 (attention) + 3 x 8,192 (MLP) + 128 (norms) = 36,992
+    weights, the final norm 64. Untied: + one embedding row (64) + the LM head (8,192); tied, as
+    SmolLM2 is: + the embedding once, whole (8,192), since the LM head reads all of it."""
     target = tiny_target("llama", dtype=torch.float32, check=False)
-    params = {p.data_ptr(): p for p in target.decoder.parameters()} | {p.data_ptr(): p for p in target.lm_head.parameters()}
-    total = sum(p.numel() * 4 for p in params.values())
-    embed = target.embed_tokens.weight
-    tied = embed.data_ptr() in {p.data_ptr() for p in target.lm_head.parameters()}
-    expected = total if tied else total - embed.numel() * 4 + embed.shape[1] * 4
-    assert roofline.weight_bytes(target) == expected < total + 1
+    body = 2 * 36_992 + 64
+    assert roofline.weight_bytes(target) == (body + 64 + 8_192) * 4 == 329_216
+    target.lm_head.weight = target.embed_tokens.weight
+    assert roofline.weight_bytes(target) == (body + 8_192) * 4 == 328_960
 
 
 def test_step_times_interleave_the_read_with_the_steps():
@@ -54,7 +56,7 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
         gemm.main(["--rounds", "0"])
 
 
-def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its_nearest_kind():
+def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its_step_and_nearest_kind():
     from types import SimpleNamespace as Ev
 
     assert profile.kind_of("graph_0_gemm_m1n64k64_kernel") == "GEMMs" == profile.kind_of("mkldnn::_linear_pointwise")
@@ -62,13 +64,19 @@ def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its
     assert profile.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert profile.kind_of("## Call CompiledFxGraph fabc ##") == "graph glue"
     assert profile.kind_of("aten::empty_like") is None
-    glue = Ev(name="Torch-Compiled Region: 0/0", self_cpu_time_total=5.0, cpu_parent=None)
+    step1, step4 = (Ev(name=f"{profile._MARK}{q}", self_cpu_time_total=1.0, cpu_parent=None) for q in (1, 4))
+    glue = Ev(name="Torch-Compiled Region: 0/0", self_cpu_time_total=5.0, cpu_parent=step1)
     sdpa = Ev(name="aten::_scaled_dot_product_flash_attention_for_cpu", self_cpu_time_total=30.0, cpu_parent=glue)
     inside = Ev(name="aten::empty_like", self_cpu_time_total=2.0, cpu_parent=sdpa)
-    alone = Ev(name="aten::cat", self_cpu_time_total=7.0, cpu_parent=None)
-    kinds, kernels = profile.breakdown([glue, sdpa, inside, alone])
-    assert kinds == {"GEMMs": 0.0, "attention": 32.0, "fused loops": 0.0, "graph glue": 5.0, "outside the graph": 7.0}
-    assert kernels["aten::empty_like"] == 2.0 and sum(kernels.values()) == sum(kinds.values())
+    alone = Ev(name="aten::cat", self_cpu_time_total=7.0, cpu_parent=step1)
+    gemm = Ev(name="graph_1_gemm_m4n64k64_kernel", self_cpu_time_total=11.0, cpu_parent=step4)
+    stray = Ev(name="aten::add", self_cpu_time_total=50.0, cpu_parent=None)
+    found = profile.breakdown([step1, glue, sdpa, inside, alone, step4, gemm, stray])
+    assert set(found) == {1, 4}
+    kinds, names = found[1]
+    assert kinds == {"GEMMs": 0.0, "attention": 32.0, "fused loops": 0.0, "graph glue": 5.0, "outside the graph": 8.0}
+    assert names["aten::empty_like"] == 2.0 and "graph_1_gemm_m4n64k64_kernel" not in names
+    assert found[4][0]["GEMMs"] == 11.0 and found[4][0]["outside the graph"] == 1.0
 
 
 @pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
@@ -77,17 +85,26 @@ def test_profile_steps_splits_a_compiled_steps_time_into_kinds(monkeypatch):
 
     monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
     target = tiny_target("llama", dtype=torch.float32, check=False)
-    result = profile.profile_steps(target, compiled.CompiledSteps(target, autotune=False, progress=False), [1, 2],
-                                   context=8, n=2)
-    assert set(result) == {1, 2}
-    for wall, kinds, kernels in result.values():
-        assert wall > 0 and set(kinds) == set(profile.KINDS)
-        assert kinds["GEMMs"] > 0 and kinds["attention"] > 0 and kinds["fused loops"] > 0
-        assert abs(sum(kinds.values()) - sum(kernels.values())) < 1e-9
+    backend = compiled.CompiledSteps(target, autotune=False, progress=False)
+    result, floor = profile.profile_steps(target, backend, [1, 2], context=8, rounds=2, read_bytes=1 << 16)
+    assert set(result) == {1, 2} and floor > 0
+    for r in result.values():
+        assert r.wall > 0 and set(r.kinds) == set(profile.KINDS)
+        assert r.kinds["GEMMs"] > 0 and r.kinds["attention"] > 0 and r.kinds["fused loops"] > 0
+        assert any(name.startswith("graph_") for name in r.names)  # inductor's kernels were recorded
 
 
 def test_the_profile_command_refuses_bad_options_in_one_line_before_loading():
-    with pytest.raises(SystemExit, match="--tokens '1,x' / --context 256 / --steps 10: give positive numbers"):
+    with pytest.raises(SystemExit, match="--tokens '1,x': give positive whole numbers"):
         profile.main(["--tokens", "1,x"])
-    with pytest.raises(SystemExit, match="give positive numbers"):
-        profile.main(["--steps", "0"])
+    with pytest.raises(SystemExit, match="--tokens '1,3': a compiled step runs"):
+        profile.main(["--tokens", "1,3"])
+    with pytest.raises(SystemExit, match="--rounds 0"):
+        profile.main(["--rounds", "0"])
+
+
+def test_the_roofline_command_refuses_bad_options_in_one_line_before_loading():
+    with pytest.raises(SystemExit, match="--tokens '0,4': give positive whole numbers"):
+        roofline.main(["--tokens", "0,4"])
+    with pytest.raises(SystemExit, match="--rounds 0: give at least 1"):
+        roofline.main(["--rounds", "0"])

@@ -94,6 +94,7 @@ def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 
 def main(argv: list[str] | None = None) -> int:
     from ..engine.compiled import compiler_problem
     from ..pause import hold_machine
+    from .roofline import machine_line
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
@@ -122,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         raise SystemExit(f"inductor's C++ backend cannot build here: {problem}")
     size = args.products * k * n * 4
-    print(f"{args.products} products of {k} x {n} fp32 ({size / 1e6:.0f} MB), {torch.get_num_threads()} threads",
+    print(f"{args.products} products of {k} x {n} fp32 ({size / 1e6:.0f} MB) on {machine_line('float32')}",
           file=sys.stderr)
     with hold_machine():  # a background capture or training run sleeps meanwhile
         times, same = gemm_times(rows, blocks, args.products, (k, n), args.rounds,
                                  say=lambda line: print(line, file=sys.stderr))
-    print("register rows " + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
+    print(f"{'register rows':13s}" + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
     for block in blocks:
         cells = "".join(f"  {times[(block, m)] * 1e3:8.1f}" for m in rows)
         one = times.get((block, 1))

@@ -38,32 +38,62 @@ def weight_bytes(target) -> int:
 READ = ("read", 0)  # the case of step_times that streams the weights' bytes
 
 
-@torch.no_grad()
-def step_times(target, steps: dict, tokens: list[int], context: int = 256, rounds: int = 9,
-               read_bytes: int = 0) -> dict:
-    """{(path, q): median seconds} of q-token chain verification steps (q = 1: a vanilla step)
-    after `context` cached tokens, every path and size interleaved in shuffled rounds; with
-    read_bytes, also READ: torch's sum over a buffer of that many bytes (fp32)."""
-    g = torch.Generator().manual_seed(0)
+def chain_steps(target, steps: dict, tokens: list[int], context: int = 256, seed: int = 0):
+    """run(name, q): a q-token chain verification step (q = 1: a vanilla step) on steps[name]
+    (target.EagerSteps' interface) after `context` random cached tokens, rolled back after."""
+    g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=g)
     rows = {}
     for name, backend in steps.items():
         cache = target.new_cache()
         target.forward(prompt, cache)
         rows[name] = backend.start_rows(cache, [context], context + max(tokens))
+
+    def run(name, q):
+        ids = torch.randint(0, target.vocab_size, (1, q), generator=g)
+        mask = torch.ones(q, q, dtype=torch.bool).tril()[None]
+        steps[name].verify_rows(ids, rows[name], mask, torch.arange(q)[None], [q])
+        rows[name].crop(context)
+
+    return run
+
+
+@torch.no_grad()
+def step_times(target, steps: dict, tokens: list[int], context: int = 256, rounds: int = 9,
+               read_bytes: int = 0) -> dict:
+    """{(path, q): median seconds} of q-token chain verification steps (q = 1: a vanilla step)
+    after `context` cached tokens, every path and size interleaved in shuffled rounds; with
+    read_bytes, also READ: torch's sum over a buffer of that many bytes (fp32)."""
+    step = chain_steps(target, steps, tokens, context) if steps else None
     cases = [(name, q) for name in steps for q in tokens] + ([READ] if read_bytes else [])
     buffer = torch.ones(read_bytes // 4) if read_bytes else None
 
     def run(name, q):
         if (name, q) == READ:
             buffer.sum()
-            return
-        ids = torch.randint(0, target.vocab_size, (1, q), generator=g)
-        mask = torch.ones(q, q, dtype=torch.bool).tril()[None]
-        steps[name].verify_rows(ids, rows[name], mask, torch.arange(q)[None], [q])
-        rows[name].crop(context)
+        else:
+            step(name, q)
 
     return interleaved_medians(cases, lambda case: run(*case), rounds)
+
+
+def sizes(text: str, option: str = "--tokens") -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; anything else, or a size under 1, a one-line SystemExit."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise SystemExit(f"{option} {text!r}: give positive whole numbers separated by commas, e.g. {option} 1,4")
+    return out
+
+
+def machine_line(dtype: str) -> str:
+    """The CPU, its matrix flags, threads and dtype: what a printed timing was measured on."""
+    from ..engine.target import cpu_identity
+
+    ident = cpu_identity()
+    return f"{ident['cpu']} ({' '.join(ident.get('flags', [])) or 'no matrix flags'}), {torch.get_num_threads()} threads, {dtype}"
 
 
 def interleaved_medians(cases: list, run, rounds: int) -> dict:
@@ -87,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..engine.compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
     from ..engine.numerics import DTYPES, check_dtype_runs
     from ..engine.target import EagerSteps, load_target
+    from ..errors import EagleError
     from ..pause import hold_machine
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.roofline", description=__doc__.split("\n\n")[0])
@@ -97,21 +128,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,2,4,8", help="query sizes to time (1 = a vanilla step)")
     p.add_argument("--rounds", type=int, default=9)
     args = p.parse_args(argv)
-    check_dtype_runs(args.dtype, "cpu")
-    target = load_target(args.target, DTYPES[args.dtype])
+    tokens = sizes(args.tokens)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: give at least 1")
+    try:
+        check_dtype_runs(args.dtype, "cpu")
+        target = load_target(args.target, DTYPES[args.dtype])
+    except EagleError as exc:
+        raise SystemExit(str(exc))
     steps = {"eager": EagerSteps(target)}
     on, why = resolve_mode(compile_mode(args.compile), target.device)
     if on:
         steps["compiled"] = CompiledSteps(target, folder=artefact_dir(target)[0])
-    tokens = [int(x) for x in args.tokens.split(",")]
     size = weight_bytes(target)
     with hold_machine():  # a background capture or training run sleeps meanwhile
         times = step_times(target, steps, tokens, rounds=args.rounds, read_bytes=size)
     floor = times[READ]
     bandwidth = size / floor
-    print(f"weights read per step: {size / 1e6:.0f} MB; read bandwidth: {bandwidth / 1e9:.1f} GB/s "
-          f"({torch.get_num_threads()} threads); roofline: {floor * 1e3:.1f} ms a step")
-    print(f"path      " + "".join(f"  q={q:<3d} ms" for q in tokens) + "  roofline/q=1  cost(q)/cost(1)")
+    print(machine_line(args.dtype))
+    print(f"weights read per step: {size / 1e6:.0f} MB; read bandwidth: {bandwidth / 1e9:.1f} GB/s; "
+          f"roofline: {floor * 1e3:.1f} ms a step")
+    print(f"{'path':9s}" + "".join(f"  q={q:<3d} ms" for q in tokens) + "  roofline/q=1  cost(q)/cost(1)")
     for name in steps:
         one = times[(name, 1)] if 1 in tokens else None
         cells = "".join(f"  {times[(name, q)] * 1e3:8.1f}" for q in tokens)
