@@ -72,8 +72,11 @@ def test_a_dropped_bonus_token_is_a_real_defect(tmp_path, capsys):
     d = lossless["details"]["divergences"][0]
     assert not d["near_tie"] and d["top2_gap"] is not None and d["token_gap"] > dc.NEAR_TIE[torch.float32]
     assert "real lossless defect" in summary["verdict"]
-    assert "REAL DEFECT" in (tmp_path / "summary.md").read_text()
-    assert "| total | FAIL |" in capsys.readouterr().out
+    md = (tmp_path / "summary.md").read_text()
+    assert f"| {d['prompt'] + 1} | {d['position']} | {d['vanilla_token']} | {d['eagle_token']} |" in md  # 1-based,
+    out = capsys.readouterr().out
+    assert f"prompt {d['prompt'] + 1}/{len(PROMPTS)}: " in out and "REAL DEFECT" in md  # as the progress lines count
+    assert "| total | FAIL |" in out
 
 
 class LogitsTarget:

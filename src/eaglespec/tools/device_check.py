@@ -386,7 +386,7 @@ def finish(stages: list[Stage], out: Path, meta: dict) -> int:
     if lossless is not None and lossless.details.get("divergences"):
         md += ["", "## Divergences (first per prompt)", "",
                "| prompt | token | vanilla | EAGLE | top-2 gap | token gap | verdict |", "|---|---|---|---|---|---|---|"]
-        md += [f"| {d['prompt']} | {d['position']} | {d['vanilla_token']} | {d['eagle_token']} | {_num(d['top2_gap'])} | "
+        md += [f"| {d['prompt'] + 1} | {d['position']} | {d['vanilla_token']} | {d['eagle_token']} | {_num(d['top2_gap'])} | "
                f"{_num(d['token_gap'])} | {'near-tie' if d['near_tie'] else 'REAL DEFECT'} |"
                for d in lossless.details["divergences"]]
     out.mkdir(parents=True, exist_ok=True)
