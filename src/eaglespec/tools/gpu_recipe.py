@@ -1,12 +1,15 @@
 """The GPU head recipe: SmolLM2's EAGLE-3 and EAGLE-1 heads from one CUDA GPU in at most 8 minutes.
 
-A lent GPU machine reaches no package registry and a call carries at most 64 MiB, while the
-default model's GGUF alone is 98 MB. So the recipe has two halves (docs/gpu.md has the calls):
+A lent GPU machine reaches no package registry and a call carries at most 64 MiB with the
+working tree, while the default model's GGUF alone is 98 MB. So the recipe has two halves
+(docs/gpu.md has the calls; device_tree.py makes the tree small for them):
 
     python -m eaglespec.tools.gpu_recipe bundle --out .device        (here, on CPU, once)
-        .device/a/  the GGUF's first half, wheels the GPU image lacks (gguf, transformers)
-        .device/b/  the GGUF's second half, pre-rendered ShareGPT examples (examples.npz),
-                    MT-bench's question.jsonl, bundle.json (SHA-256 of the GGUF, data summary)
+        .device/a/  wheels the GPU image lacks (gguf, transformers), and as much of the GGUF as
+                    fits beside them and the slim tree in one call
+        .device/b/  the rest of the GGUF, pre-rendered ShareGPT examples (examples.npz), their
+                    first turns (prompts.npz), MT-bench's question.jsonl, the shipped head cast to
+                    bf16 (head/), bundle.json (SHA-256 of the GGUF, data summary, call sizes)
     python -m eaglespec.tools.gpu_recipe run --bundle .device --out $OUT --device cuda   (on the GPU)
         reassembles and verifies the GGUF, trains EAGLE-3 then EAGLE-1 on the examples with the
         target computing features on the fly (no disk), measures tau on MT-bench first turns, and
@@ -32,6 +35,7 @@ import torch
 
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
+from .device_tree import CALL_BYTES
 
 PARTS = ("a", "b")
 EXAMPLES = "examples.npz"
@@ -108,10 +112,11 @@ def distill_examples(target, prompts: list[torch.Tensor], max_new_tokens: int, b
                   "seconds": time.perf_counter() - start}
 
 
-# -- the GGUF in two halves ------------------------------------------------------------------------
-def split_file(source: Path, out: Path) -> dict:
+# -- the GGUF in two parts -------------------------------------------------------------------------
+def split_file(source: Path, out: Path, first: int | None = None) -> dict:
+    """source -> out/a/model.part (its first `first` bytes, default half) and out/b/model.part."""
     data = source.read_bytes()
-    half = (len(data) + 1) // 2
+    half = (len(data) + 1) // 2 if first is None else first
     for part, chunk in zip(PARTS, (data[:half], data[half:])):
         (out / part).mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out / part / "model.part", chunk)
@@ -137,6 +142,7 @@ def join_file(bundle: Path, info: dict, work: Path) -> Path:
 def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_length: int = 384) -> dict:
     from ..bench.datasets import mt_bench_path
     from ..engine.target import default_gguf_path, load_target
+    from ..draft.shipped import default_head_dir
     from ..train.config import DataConfig, DistillConfig
     from ..train.data import DataSummary, iter_examples, source_digest
     from ..train.distill import prompt_ids, select
@@ -150,19 +156,64 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
     chats = select(target.tokenizer, DistillConfig(data="sharegpt", max_examples=conversations, max_length=prompt_length,
                                                    overflow="skip", max_turns=1), DataSummary())
     prompts = [prompt_ids(target.tokenizer, m[:-1]) for m in chats]  # max_turns=1: each ends at its first reply
-    info = {"gguf": split_file(gguf, out), "target": target.identity(),
-            "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
-                     "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()},
-            "prompts": {**pack_prompts(prompts, out / "b" / PROMPTS), "max_length": prompt_length}}
-    shutil.copyfile(mt_bench_path(), out / "b" / QUESTIONS)
-    if wheels:
+    if wheels:  # first: part a's share of the GGUF is what the wheels leave of a call
         import subprocess
 
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", "3.12", "--implementation", "cp", "-d", str(out / "a" / "whl"), *WHEELS],
                        check=True)
+    head = default_head_dir(target)
+    if head is not None:  # the shipped head, for the check's --head; bf16 is what runs there
+        bf16_head_copy(head, out / "b" / "head" / head.name)
+    first, sizes = part_sizes(gguf.stat().st_size, out)
+    info = {"gguf": split_file(gguf, out, first), "target": target.identity(), "calls": sizes,
+            "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
+                     "sharegpt_sha256": source_digest("sharegpt"), "summary": summary.to_dict()},
+            "prompts": {**pack_prompts(prompts, out / "b" / PROMPTS), "max_length": prompt_length}}
+    shutil.copyfile(mt_bench_path(), out / "b" / QUESTIONS)
     atomic_write_bytes(out / "b" / BUNDLE, json.dumps(info, indent=2).encode())
+    part_b = sum(f.stat().st_size for f in (out / "b").rglob("*") if f.is_file())
+    if sizes["tree"] + part_b > CALL_BYTES:
+        raise EagleError(f"part b ({part_b / 2 ** 20:.1f} MiB) and the slim tree ({sizes['tree'] / 2 ** 20:.1f} MiB) "
+                         f"exceed the {CALL_BYTES / 2 ** 20:.0f} MiB a device call carries: pass fewer --conversations")
     return info
+
+
+def part_sizes(model_bytes: int, out: Path, repo: Path | None = None) -> tuple[int, dict]:
+    """How many of the GGUF's bytes go in part a: what the slim tree (device_tree.py, plus 1 MiB
+    for scripts and stray files) and the wheels leave of one call; the rest goes in part b."""
+    from .device_tree import slim_bytes
+
+    try:
+        tree = slim_bytes(repo or Path.cwd()) + 2 ** 20
+    except EagleError:  # not a git checkout: the package installed elsewhere
+        tree = 4 * 2 ** 20
+    wheels = sum(f.stat().st_size for f in (out / "a").rglob("*.whl"))
+    first = min(CALL_BYTES - tree - wheels, model_bytes)
+    if first <= 0:
+        raise EagleError(f"the wheels ({wheels / 2 ** 20:.1f} MiB) and the slim tree ({tree / 2 ** 20:.1f} MiB) fill a "
+                         "device call alone: make the tree smaller")
+    return first, {"tree": tree, "wheels": wheels, "model_first": first, "model_rest": model_bytes - first}
+
+
+def bf16_head_copy(src: Path, dst: Path) -> Path:
+    """A head folder with its weights cast to bf16 (half the bytes; the GPU runs it in bf16) and
+    only the files a head loads from (config, weights, draft vocabulary, acceptance)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name == "model.safetensors":
+            with safe_open(f, "pt") as handle:
+                meta = handle.metadata()
+            weights = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                       for k, v in load_file(f).items()}
+            with atomic_path(dst / f.name) as tmp:
+                save_file(weights, tmp, metadata=meta)
+        elif f.suffix in (".json", ".safetensors") and f.is_file():
+            shutil.copyfile(f, dst / f.name)
+    return dst
 
 
 # -- run (GPU side) --------------------------------------------------------------------------------

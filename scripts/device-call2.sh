@@ -1,0 +1,42 @@
+#!/bin/bash
+# Device call 2 of docs/gpu.md (carry .device/b): reassemble the GGUF, then the device check with
+# the shipped head (unless JOBS leaves it out), then the head recipe in the seconds left of LIMIT.
+# Usage: bash scripts/device-call2.sh LIMIT   (LIMIT: seconds this call may run, under its timeout_s)
+# Everything that comes back is in $OUT, at most 8 files: the two logs, the check's summary.json,
+# the heads' weights, and small.tgz (configs, the check's summary.md, the recipe's summary.json).
+# JOBS="check recipe" (default), "check" or "recipe"; CHECK_ARGS: more options for the check;
+# RECIPE_ARGS: more for the recipe (e.g. "--data distill").
+set -u
+T0=$(date +%s); LIMIT=${1:-560}
+PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-/tmp/out}; DEV=${DEV:-cuda}; DRY=${DRY:-}
+JOBS=${JOBS:-check recipe}; CHECK_ARGS=${CHECK_ARGS:-}; RECIPE_ARGS=${RECIPE_ARGS:-}
+# eager kernels: the compiled CUDA path has not been timed on a GPU (docs/gpu.md, the first run)
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$PWD/src EAGLESPEC_COMPILE=off HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+mkdir -p .device/a "$OUT"
+[ -f .device/a/model.part ] || cp /tmp/keep/a.part .device/a/model.part || { echo "no part a: repeat call 1"; exit 1; }
+GGUF=$($PY -m eaglespec.tools.gpu_recipe join --bundle .device) || exit 1
+echo "joined $GGUF, $(left) s left"
+if [[ " $JOBS " == *" check "* ]]; then
+  HEAD=$(ls -d .device/b/head/* 2>/dev/null | head -1)
+  CAP=$(( $(left) - 200 )); [[ " $JOBS " == *" recipe "* ]] || CAP=$(( $(left) - 20 )); [ $CAP -gt 330 ] && [[ " $JOBS " == *" recipe "* ]] && CAP=330
+  timeout $CAP $PY -m eaglespec.tools.device_check --device $DEV ${DRY:+--dry-run} --target "$GGUF" \
+    ${HEAD:+--head $HEAD} --out /tmp/check $CHECK_ARGS > "$OUT/check.log" 2>&1
+  echo "check exit $?, $(left) s left"
+  cp /tmp/check/summary.json "$OUT/check-summary.json" 2>/dev/null
+fi
+if [[ " $JOBS " == *" recipe "* ]]; then
+  R=$(( $(left) - 40 ))
+  MIN=$($PY -c "print(round(max($R - 25, 0) / 60, 2))")
+  if [ $R -gt 120 ]; then
+    echo "recipe: $MIN minutes"
+    timeout $R $PY -m eaglespec.tools.gpu_recipe run --bundle .device --device $DEV ${DRY:+--dry-run} --out /tmp/recipe \
+      --minutes $MIN $RECIPE_ARGS > "$OUT/recipe.log" 2>&1
+    echo "recipe exit $?, $(left) s left"
+  fi
+fi
+cd /tmp && for f in recipe/eagle3/*.safetensors recipe/eagle1/model.safetensors; do
+  [ -f "$f" ] && cp "$f" "$OUT/$(echo "$f" | cut -d/ -f2)-$(basename "$f")"; done
+tar czf "$OUT/small.tgz" $(ls -d check recipe/summary.json recipe/eagle3/*.json recipe/eagle1/*.json \
+  recipe/eagle1/draft_vocab.safetensors 2>/dev/null) 2>/dev/null
+ls -la "$OUT"; echo "done, $(left) s left"
