@@ -268,6 +268,15 @@ def test_a_broken_cxx_compiler_is_found_before_inductor_meets_it(monkeypatch, tm
         resolve_mode("on", torch.device("cpu"))
 
 
+def test_auto_stays_eager_on_cuda_and_on_still_compiles_there():
+    """The compiled path crashed on the one GPU it ran on (docs/gpu.md): auto says so and runs
+    eagerly; on takes the compiled path (no torch.cuda call is needed to decide)."""
+    on, why = resolve_mode("auto", torch.device("cuda"))
+    assert not on and why.startswith("eager kernels: ") and "docs/gpu.md" in why and "--compile on" in why
+    assert resolve_mode("on", torch.device("cuda"))[0] is True
+    assert resolve_mode("off", torch.device("cuda"))[0] is False
+
+
 def test_trees_and_batches_beyond_the_buckets(capsys):
     """auto runs them eagerly, said so; on refuses them in one line, before the target loads."""
     from eaglespec.cli.commands import main

@@ -41,7 +41,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_compile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", default=None, choices=["auto", "on", "off"],
                    help="auto (default; also EAGLESPEC_COMPILE): the target's and the head's decoding steps through "
-                        "torch.compile where a C++ compiler (CPU) or CUDA is there, kept on disk; off: eager kernels; on: "
+                        "torch.compile where a C++ compiler is there (CPU; eager on CUDA, docs/gpu.md), kept on disk; "
+                        "off: eager kernels; on: "
                         "compiled or a clear error")
 
 

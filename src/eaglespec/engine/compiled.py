@@ -122,6 +122,13 @@ def limits_problem(tokens: int | None = None, rows: int | None = None) -> str | 
     return None
 
 
+# Why --compile auto stays eager on CUDA: the only time the compiled path ran on a GPU (an H200,
+# torch 2.11.0+cu130, 2026-12-04) its first graph, the vanilla step, segfaulted while its
+# AOTInductor package was built (after "No complete tensor found in the group ... weights are not on
+# CPU" from torch.export's package writer). --compile on still takes that path, to test it.
+CUDA_AUTO_EAGER = "the compiled path crashed building its first graph on the one GPU it ran on (docs/gpu.md)"
+
+
 def check_limits(mode: str, tokens: int | None = None, rows: int | None = None) -> None:
     """--compile on with a tree or batch beyond the buckets: the EagleError, before anything loads."""
     problem = limits_problem(tokens, rows) if mode == "on" else None
@@ -146,6 +153,8 @@ def resolve_mode(mode: str, device: torch.device, tokens: int | None = None, row
         if mode == "on":
             raise EagleError(f"--compile on: the compiled path runs on cpu or cuda, not {device.type}; use --compile off")
         return False, f"eager kernels: the compiled path runs on cpu or cuda, not {device.type}"
+    if device.type == "cuda" and mode == "auto":  # docs/gpu.md, the first run on an H200
+        return False, (f"eager kernels: {CUDA_AUTO_EAGER}; --compile on to try it")
     problem = compiler_problem() if device.type == "cpu" else None
     if problem is not None:
         if mode == "on":

@@ -126,7 +126,7 @@ class EagleGenerator:
         weight-only int8 target, which is then the verifier). allow_inexact: let tree='auto' use
         tree sizes whose verification differs from one-at-a-time decoding by more than fp32
         summation order ("lossless up to floating-point rounding"; numerics.py). compile: 'auto'
-        (where a C++ compiler or CUDA is there), 'on', 'off' (eager kernels), or None: the
+        (where a C++ compiler is there; eager on CUDA), 'on', 'off' (eager kernels), or None: the
         EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
 
         The device, the tree and the head's own files are checked before the target loads (which
