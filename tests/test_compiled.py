@@ -3,6 +3,7 @@ fp32 tolerance, no recompilation while decoding, batches equal to each sequence 
 static cache's bookkeeping equal to RowCache's, the keyed artefact cache, and the choice of path
 (a machine without a C++ compiler). Tiny models, few shapes: each graph takes ~10 s to build."""
 
+import copy
 import json
 import re
 
@@ -12,6 +13,7 @@ from conftest import ARCHS, tiny_target
 from test_decoding import random_head
 
 from eaglespec.core.config import parse_tree
+from eaglespec.draft.head import EagleHead
 from eaglespec.engine import compiled
 from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
 from eaglespec.engine.decoding import EagleGenerator
@@ -402,6 +404,19 @@ def test_packages_are_built_once_loaded_after_and_rebuilt_when_damaged(tmp_path,
     err = capsys.readouterr().err
     assert "ignored the compiled package" in err and "compiling" in err
     assert [p.name for p in tmp_path.glob("*.pt2")] == [package.name] and not list(tmp_path.glob(".*partial*"))
+
+
+def test_a_head_in_another_dtype_than_the_target_has_its_own_packages():
+    """The digest reads values only: bf16 weights and the same weights cast to the target's dtype
+    must not share a package name (one's constants are bf16), while the ordinary case (the head in
+    the target's dtype) keeps the name it always had."""
+    target = tiny_target("llama")
+    steps = CompiledSteps(target, progress=False, autotune=False)
+    torch.manual_seed(0)
+    head = EagleHead(target.config).to(torch.bfloat16)
+    low = steps.head_steps(head).tag
+    same = steps.head_steps(copy.deepcopy(head).to(target.dtype)).tag
+    assert low == same + "-bfloat16" and same.startswith("heagle1-") and "float" not in same
 
 
 @needs_cxx

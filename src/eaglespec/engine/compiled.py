@@ -621,6 +621,11 @@ def _padded(t: torch.Tensor, rows: int, q: int) -> torch.Tensor:
     return out
 
 
+def _dtype_suffix(dtype: torch.dtype, target) -> str:
+    """'' for the target's dtype (the folder's), else '-bfloat16' and the like."""
+    return "" if dtype == target.dtype else "-" + str(dtype).removeprefix("torch.")
+
+
 class CompiledHeadSteps:
     """The draft head's forward compiled like the target's (drafter.EagerHeadSteps' interface):
     a static cache for the head's one layer, queries and rows padded to buckets. A step wider than
@@ -635,8 +640,11 @@ class CompiledHeadSteps:
         self.dtype = next(head.parameters()).dtype
         self.module = _HeadStep(head).eval()
         # packages are named by the head's weights: another head of the same kind (a retrained or a
-        # new shipped one) must never load this one's frozen weights
-        self.tag = f"h{head.kind}-{owner.digest(head)}"
+        # new shipped one) must never load this one's frozen weights. The digest reads values, not
+        # dtypes, and the folder is the target's dtype: a head run in another one (bf16 weights in
+        # an fp32 folder, an experiment's) is named apart, or its packages would be loaded for the
+        # same weights cast back, and fail on their constants' dtype.
+        self.tag = f"h{head.kind}-{owner.digest(head)}{_dtype_suffix(self.dtype, target)}"
         self._scores: tuple[object, str, _DraftScores] | None = None  # (lm, its tag, module)
 
     def new_rows(self, rows: int, slots: int = 0) -> StaticRows:
@@ -682,7 +690,8 @@ class CompiledHeadSteps:
             module = _DraftScores(lm).eval()
             # the target's own LM head (no draft vocabulary) is named by the folder's key already
             whole = lm.weight.data_ptr() == self.target.lm_head.weight.data_ptr()
-            self._scores = (lm, f"d{self.head.kind}-{'target' if whole else self.owner.digest(module)}", module)
+            named = "target" if whole else self.owner.digest(module) + _dtype_suffix(lm.weight.dtype, self.target)
+            self._scores = (lm, f"d{self.head.kind}-{named}", module)
         _, tag, module = self._scores
         rb, q = bucket(b, BATCH_BUCKETS), bucket(e, QUERY_BUCKETS)
         args = (_padded(out.to(self.dtype), rb, q),)
