@@ -39,7 +39,7 @@ clean:
 # `make device-check`: the prepared check for a lent GPU (docs/gpu.md); `make device-check-dry`: the
 # same stages, smallest, on the CPU. Here they run in .venv. The GPU machine has no .venv and no
 # internet: its system python3 runs the source tree (PYTHONPATH=src), after installing offline any
-# wheels carried in .whl (gguf, a newer transformers) into $(DEVICE_SITE).
+# wheels carried in $(DEVICE_WHEELS) (gguf, a newer transformers) into $(DEVICE_SITE).
 # Options go through DEVICE_CHECK_ARGS, e.g. DEVICE_CHECK_ARGS="--target /tmp/model.gguf --prompts 10".
 DEVICE_CHECK_ARGS ?=
 DEVICE_SITE ?= /tmp/site
@@ -59,7 +59,8 @@ device-check-dry:
 # The GPU head recipe (docs/gpu.md): `make gpu-bundle` here writes .device/a and .device/b (each
 # fits one call beside the slim tree: the GGUF in two parts, wheels, pre-rendered ShareGPT, MT-bench,
 # the shipped head in bf16); on the GPU machine scripts/device-call2.sh runs the check and the
-# recipe (`make gpu-recipe`: both SmolLM2 heads, written into $OUT).
+# recipe (both SmolLM2 heads, written into $OUT; `make gpu-recipe` is the recipe alone, where the
+# wheels are still in $(DEVICE_WHEELS)).
 gpu-bundle: $(STAMP)
 	$(BIN)/python -m eaglespec.tools.gpu_recipe bundle --out .device
 

@@ -10,20 +10,25 @@ set -u
 T0=$(date +%s); LIMIT=${1:-560}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-/tmp/out}; DEV=${DEV:-cuda}; DRY=${DRY:-}
 JOBS=${JOBS:-check recipe}; CHECK_ARGS=${CHECK_ARGS:-}; RECIPE_ARGS=${RECIPE_ARGS:-}
-# eager kernels: the compiled CUDA path has not been timed on a GPU (docs/gpu.md, the first run)
+case " $JOBS " in *" check "*|*" recipe "*) ;; *) echo "JOBS=\"$JOBS\": name check and/or recipe"; exit 2;; esac
+# eager kernels: the compiled CUDA path crashed on the H200 (docs/gpu.md, the first run)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$PWD/src EAGLESPEC_COMPILE=off HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-mkdir -p .device/a "$OUT"
+mkdir -p .device/a "$OUT"; rm -rf /tmp/check /tmp/recipe  # nothing from an earlier call comes back as new
 [ -f .device/a/model.part ] || cp /tmp/keep/a.part .device/a/model.part || { echo "no part a: repeat call 1"; exit 1; }
 GGUF=$($PY -m eaglespec.tools.gpu_recipe join --bundle .device) || exit 1
 echo "joined $GGUF, $(left) s left"
 if [[ " $JOBS " == *" check "* ]]; then
   HEAD=$(ls -d .device/b/head/* 2>/dev/null | head -1)
   CAP=$(( $(left) - 200 )); [[ " $JOBS " == *" recipe "* ]] || CAP=$(( $(left) - 20 )); [ $CAP -gt 330 ] && [[ " $JOBS " == *" recipe "* ]] && CAP=330
-  timeout $CAP $PY -m eaglespec.tools.device_check --device $DEV ${DRY:+--dry-run} --target "$GGUF" \
-    ${HEAD:+--head $HEAD} --out /tmp/check $CHECK_ARGS > "$OUT/check.log" 2>&1
-  echo "check exit $?, $(left) s left"
-  cp /tmp/check/summary.json "$OUT/check-summary.json" 2>/dev/null
+  if [ $CAP -lt 60 ]; then
+    echo "check skipped: ${CAP} s is too little (raise LIMIT, or JOBS=recipe)"
+  else
+    timeout $CAP $PY -m eaglespec.tools.device_check --device $DEV ${DRY:+--dry-run} --target "$GGUF" \
+      ${HEAD:+--head $HEAD} --out /tmp/check $CHECK_ARGS > "$OUT/check.log" 2>&1
+    echo "check exit $?, $(left) s left"
+    cp /tmp/check/summary.json "$OUT/check-summary.json" 2>/dev/null
+  fi
 fi
 if [[ " $JOBS " == *" recipe "* ]]; then
   R=$(( $(left) - 40 ))

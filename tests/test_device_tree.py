@@ -74,3 +74,33 @@ def test_part_a_is_what_the_slim_tree_and_the_wheels_leave_of_a_call(repo, tmp_p
     assert first + sizes["tree"] + sizes["wheels"] == dt.CALL_BYTES
     assert sizes["model_first"] + sizes["model_rest"] == 98_000_000
     assert part_sizes(1000, out, repo)[0] == 1000  # a small model goes whole in part a
+
+
+def test_slim_is_undone_on_failure_and_guards_commits(repo, monkeypatch):
+    (repo / ".git/info/exclude").unlink()  # absent before: absent after
+    (repo / "README.md").write_text("staged\n")
+    git(repo, "add", "README.md")
+    (repo / "README.md").write_text("on disk\n")  # staged content differs from both HEAD and the file
+    (repo / "docs/trail ").write_text("x")
+    git(repo, "add", "docs/trail ")
+    index = git(repo, "ls-files", "-s")
+    dt.slim(repo)
+    assert "docs/trail " not in dt.travelling(repo) and "README.md" not in dt.travelling(repo)
+    hook = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"], cwd=repo,
+                          capture_output=True, text=True)
+    assert hook.returncode != 0 and "unslim" in hook.stderr  # the pre-commit hook refuses
+    assert dt.unslim(repo) == ""
+    assert git(repo, "ls-files", "-s") == index and not (repo / ".git/info/exclude").exists()
+    assert not (repo / ".git/hooks/pre-commit").exists() and git(repo, "show", ":README.md") == "staged\n"
+    real = dt._git
+
+    def failing(path, *args, **kw):
+        if "rm" in args:
+            raise EagleError("git rm failed")
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(dt, "_git", failing)
+    with pytest.raises(EagleError, match="git rm failed"):
+        dt.slim(repo)
+    assert not dt.is_slim(repo) and not (repo / ".git/info/exclude").exists()
+    assert git(repo, "ls-files", "-s") == index and not (repo / ".git/hooks/pre-commit").exists()

@@ -10,9 +10,10 @@ heads, the tests, the scripts, pyproject.toml, the Makefile), the rest ignored t
     python -m eaglespec.tools.device_tree size      # what one call would carry, with .device/a and .device/b
     python -m eaglespec.tools.device_tree unslim    # after them: the index as it was
 
-Only git's index and .git/info/exclude change; the files on disk stay. Do not commit while slim
-(a commit would delete the heads): `slim` refuses to run twice, `unslim` says when there is nothing
-to restore.
+Only git's index, .git/info/exclude and (where none is installed) a pre-commit hook that refuses
+commits change; the files on disk stay. A commit while slim would delete the heads, hence the hook.
+`slim` undoes itself on any failure and refuses to run twice; `unslim` says when there is nothing to
+restore, and when HEAD moved meanwhile.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..errors import EagleError
 CALL_BYTES = 64 * 2 ** 20  # what one device call carries, the tree and the named paths together
 SLIM = ("src", "tests", "scripts", "pyproject.toml", "Makefile")
 LEFT_OUT = ("src/eaglespec/heads",)  # inside SLIM, yet not carried: ~97 MB of shipped heads
-BACKUP = "eaglespec-index.bak"  # beside .git/index while slim
+BACKUP = "eaglespec-slim"  # in the git folder while slim: the index, exclude file, HEAD and hook to restore
 BEGIN, END = "# eaglespec device_tree slim: begin", "# eaglespec device_tree slim: end"
 
 
@@ -42,8 +43,15 @@ def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-def git_dir(repo: Path) -> Path:
-    path = Path(_git(repo, "rev-parse", "--git-dir").strip())
+def toplevel(path: Path) -> Path:
+    """The checkout's root, from any folder inside it (git lists a subfolder's files only)."""
+    return Path(_git(path, "rev-parse", "--show-toplevel").strip())
+
+
+def git_path(repo: Path, name: str) -> Path:
+    """Where git keeps `name` for this checkout (the index, info/exclude, hooks: a linked worktree's
+    and $GIT_INDEX_FILE's own places)."""
+    path = Path(_git(repo, "rev-parse", "--git-path", name).strip())
     return path if path.is_absolute() else repo / path
 
 
@@ -70,51 +78,94 @@ def slim_bytes(repo: Path) -> int:
 
 
 def is_slim(repo: Path) -> bool:
-    return (git_dir(repo) / BACKUP).is_file()
+    return git_path(repo, BACKUP).is_dir()
 
 
-def _exclude(repo: Path) -> Path:
-    return git_dir(repo) / "info" / "exclude"
-
-
-def _without_block(text: str) -> str:
-    if BEGIN not in text:
-        return text
-    head, rest = text.split(BEGIN, 1)
-    return head.rstrip("\n") + ("\n" if head.strip() else "") + rest.split(END, 1)[1].lstrip("\n")
+def _pattern(path: str) -> str:
+    """An exclude line matching exactly this path from the checkout's root."""
+    if "\n" in path:
+        raise EagleError(f"the tracked path {path!r} holds a newline: an exclude file cannot name it")
+    for c in "\\[*?":
+        path = path.replace(c, "\\" + c)
+    stripped = path.rstrip(" ")  # git strips unescaped trailing spaces
+    return "/" + stripped + "\\ " * (len(path) - len(stripped))
 
 
 def slim(repo: Path) -> int:
-    """Take every tracked file outside the slim tree out of the index (kept on disk, ignored);
-    -> the bytes a call's tree now carries."""
-    gd = git_dir(repo)
-    if is_slim(repo):
-        raise EagleError(f"the index is slim already ({gd / BACKUP} exists): run `python -m "
+    """Take every tracked file outside the slim tree out of the index (kept on disk, ignored), and
+    refuse commits until `unslim` (a temporary pre-commit hook, where none is installed);
+    -> the bytes a call's tree now carries. On any failure, everything is as it was."""
+    backup = git_path(repo, BACKUP)
+    if backup.is_dir():
+        raise EagleError(f"the index is slim already ({backup} exists): run `python -m "
                          "eaglespec.tools.device_tree unslim` first")
-    tracked = [p for p in _git(repo, "ls-files", "-z").split("\0") if p]
-    dropped = [p for p in tracked if not carried(p)]
-    shutil.copyfile(gd / "index", gd / BACKUP)
-    exclude = _exclude(repo)
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    before = exclude.read_text() if exclude.is_file() else ""
-    lines = [BEGIN, *("/" + p.replace("\\", "\\\\").replace("[", "\\[").replace("*", "\\*").replace("?", "\\?")
-                      for p in dropped), END]
-    exclude.write_text(before + ("\n" if before and not before.endswith("\n") else "") + "\n".join(lines) + "\n")
-    if dropped:
-        _git(repo, "rm", "-q", "--cached", "--pathspec-from-file=-", "--pathspec-file-nul",
-             stdin="\0".join(":(literal)" + p for p in dropped))
+    index, exclude, hook = (git_path(repo, n) for n in ("index", "info/exclude", "hooks/pre-commit"))
+    dropped = [p for p in _git(repo, "ls-files", "-z").split("\0") if p and not carried(p)]
+    lines = [BEGIN, *map(_pattern, dropped), END]
+    backup.mkdir(parents=True)
+    try:
+        shutil.copyfile(index, backup / "index")
+        (backup / "HEAD").write_text(_git(repo, "rev-parse", "-q", "--verify", "HEAD").strip() if _has_head(repo) else "")
+        before = exclude.read_bytes() if exclude.is_file() else None
+        if before is not None:
+            (backup / "exclude").write_bytes(before)
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        text = (before or b"").decode()
+        exclude.write_text(text + ("\n" if text and not text.endswith("\n") else "") + "\n".join(lines) + "\n")
+        if not hook.exists():
+            hook.parent.mkdir(parents=True, exist_ok=True)
+            hook.write_text("#!/bin/sh\necho 'the index is slim for a device call (eaglespec.tools.device_tree): "
+                            "run `python -m eaglespec.tools.device_tree unslim` before committing' >&2\nexit 1\n")
+            hook.chmod(0o755)
+            (backup / "hook").write_text(str(hook))
+        if dropped:  # -f: a staged change outside the slim tree comes back with the index
+            _git(repo, "--literal-pathspecs", "rm", "-q", "-f", "--cached", "--pathspec-from-file=-",
+                 "--pathspec-file-nul", stdin="\0".join(dropped))
+    except BaseException:
+        _restore(repo, backup)
+        raise
     return tree_bytes(repo)
 
 
-def unslim(repo: Path) -> None:
-    """The index and .git/info/exclude as they were before `slim`."""
-    gd = git_dir(repo)
-    if not is_slim(repo):
+def _has_head(repo: Path) -> bool:
+    try:
+        _git(repo, "rev-parse", "-q", "--verify", "HEAD")
+        return True
+    except EagleError:
+        return False
+
+
+def _restore(repo: Path, backup: Path) -> None:
+    """The index (under git's own lock), the exclude file byte for byte, the hook; then no backup."""
+    index, exclude = git_path(repo, "index"), git_path(repo, "info/exclude")
+    if (backup / "index").is_file():
+        lock = index.with_name(index.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError as exc:
+            raise EagleError(f"{lock} exists: another git command is writing the index; run unslim again when it "
+                             "is done (the backup is kept)") from exc
+        with os.fdopen(fd, "wb") as f:
+            f.write((backup / "index").read_bytes())
+        os.replace(lock, index)
+    if (backup / "exclude").is_file():
+        exclude.write_bytes((backup / "exclude").read_bytes())
+    elif exclude.is_file():
+        exclude.unlink()
+    if (backup / "hook").is_file():
+        Path((backup / "hook").read_text()).unlink(missing_ok=True)
+    shutil.rmtree(backup)
+
+
+def unslim(repo: Path) -> str:
+    """The index, .git/info/exclude and the hooks as they were before `slim`; -> a warning, if any."""
+    backup = git_path(repo, BACKUP)
+    if not backup.is_dir():
         raise EagleError("the index is not slim (no backup to restore): nothing to do")
-    os.replace(gd / BACKUP, gd / "index")
-    exclude = _exclude(repo)
-    if exclude.is_file():
-        exclude.write_text(_without_block(exclude.read_text()))
+    head = (backup / "HEAD").read_text() if (backup / "HEAD").is_file() else ""
+    now = _git(repo, "rev-parse", "-q", "--verify", "HEAD").strip() if _has_head(repo) else ""
+    _restore(repo, backup)
+    return "" if head == now else f"note: HEAD moved while slim ({head[:12] or 'none'} -> {now[:12]}): check `git status`"
 
 
 def call_sizes(repo: Path, bundle: Path) -> dict[str, int]:
@@ -131,14 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundle", type=Path, default=Path(".device"), help="for size: the bundle's folder")
     args = parser.parse_args(argv)
     try:
-        repo = Path(_git(args.repo, "rev-parse", "--show-toplevel").strip())
+        repo = toplevel(args.repo)
         if args.command == "slim":
             n = slim(repo)
             print(f"slim: a device call now carries {n / 2 ** 20:.1f} MiB of tree; restore with "
                   "`python -m eaglespec.tools.device_tree unslim` (do not commit until then)")
         elif args.command == "unslim":
-            unslim(repo)
-            print("unslim: the index and .git/info/exclude are as they were")
+            warning = unslim(repo)
+            print("unslim: the index and .git/info/exclude are as they were" + (f"; {warning}" if warning else ""))
         sizes = call_sizes(repo, repo / args.bundle)
         over = [k for k, v in sizes.items() if k != "tree" and v > CALL_BYTES]
         print(", ".join(f"{k} {v / 2 ** 20:.2f} MiB" for k, v in sizes.items()) + f" (a call carries at most "

@@ -163,6 +163,7 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
                         "--python-version", "3.12", "--implementation", "cp", "-d", str(out / "a" / "whl"), *WHEELS],
                        check=True)
     head = default_head_dir(target)
+    shutil.rmtree(out / "b" / "head", ignore_errors=True)  # one head: device-call2.sh takes the first
     if head is not None:  # the shipped head, for the check's --head; bf16 is what runs there
         bf16_head_copy(head, out / "b" / "head" / head.name)
     first, sizes = part_sizes(gguf.stat().st_size, out)
@@ -182,10 +183,10 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
 def part_sizes(model_bytes: int, out: Path, repo: Path | None = None) -> tuple[int, dict]:
     """How many of the GGUF's bytes go in part a: what the slim tree (device_tree.py, plus 1 MiB
     for scripts and stray files) and the wheels leave of one call; the rest goes in part b."""
-    from .device_tree import slim_bytes
+    from .device_tree import slim_bytes, toplevel
 
     try:
-        tree = slim_bytes(repo or Path.cwd()) + 2 ** 20
+        tree = slim_bytes(toplevel(repo or Path.cwd())) + 2 ** 20
     except EagleError:  # not a git checkout: the package installed elsewhere
         tree = 4 * 2 ** 20
     wheels = sum(f.stat().st_size for f in (out / "a").rglob("*.whl"))
@@ -266,6 +267,11 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
         budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau
         examples = unpack_examples(bundle_dir / "b" / EXAMPLES, limit=6 if dry_run else None)
     summary["examples_available"] = len(examples)
+
+    def write_summary():
+        summary["seconds"] = time.perf_counter() - started
+        atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+
     for kind in ("eagle3", "eagle1"):
         t0 = time.perf_counter()
         layers = parse_layers("auto", target.config.num_hidden_layers) if kind == "eagle3" else None
@@ -283,15 +289,19 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
         if kind == "eagle1":
             shutil.copyfile(work / kind / "draft_vocab.safetensors", out / kind / "draft_vocab.safetensors")
         trained = time.perf_counter() - t0
+        summary["heads"][kind] = {"steps": result.steps, "train_seconds": trained, "final_eval": result.final_eval,
+                                  "history": result.history, "mt_bench": None}
+        write_summary()  # before tau: a run cut short keeps what it trained
+        depth1 = (result.final_eval or {}).get("acc_depth1")
+        print(f"[gpu-recipe] {kind}: {result.steps} steps in {trained:.0f} s, held-out top-1 at depth 1 "
+              f"{'-' if depth1 is None else f'{depth1:.3f}'}; measuring tau", flush=True)
         loaded = load_head(out / kind, target.config).to(device=target.device, dtype=target.dtype)
         tau = _tau(target, loaded, questions, 8 if dry_run else 256, "eagle1")
-        summary["heads"][kind] = {"steps": result.steps, "train_seconds": trained, "final_eval": result.final_eval,
-                                  "history": result.history, "mt_bench": tau}
-        print(f"[gpu-recipe] {kind}: {result.steps} steps in {trained:.0f} s, tau {tau['tau']:.2f} on "
-              f"{tau['questions']} MT-bench questions", flush=True)
+        summary["heads"][kind]["mt_bench"] = tau
+        write_summary()
+        print(f"[gpu-recipe] {kind}: tau {tau['tau']:.2f} on {tau['questions']} MT-bench questions", flush=True)
     shutil.rmtree(work)
-    summary["seconds"] = time.perf_counter() - started
-    atomic_write_bytes(out / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+    write_summary()
     return summary
 
 
