@@ -1,6 +1,11 @@
 """The GPU head recipe, prepared on CPU: its bundle round-trips, and its dry run writes both heads."""
 
 import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +14,8 @@ from test_train_capture import synthetic_examples
 
 from eaglespec.errors import EagleError
 from eaglespec.tools.device_tree import CALL_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
 from eaglespec.tools.gpu_recipe import (PROMPTS, distill_examples, join_file, main, pack_examples, pack_prompts,
                                         split_file, unpack_examples)
 
@@ -69,8 +76,19 @@ def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert sizes["a"] == calls["model_first"] == CALL_BYTES - calls["tree"]  # part a is full (no wheels here)
     head = next((tmp_path / "bundle" / "b" / "head").iterdir())  # the shipped head, in bf16, loads
     assert {str(t.dtype) for t in load_file(head / "model.safetensors").values()} == {"torch.bfloat16"}
-    out = tmp_path / "out"
-    assert main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out), "--device", "cpu", "--dry-run"]) == 0
+    # the recipe as the device's second call runs it: scripts/device-call2.sh, the check, then the recipe
+    env = {**os.environ, "PY": sys.executable, "SITE": str(tmp_path / "site"), "OUT": str(tmp_path / "back"),
+           "DEV": "cpu", "DRY": "1", "BUNDLE": str(tmp_path / "bundle"), "WORK": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "device-call2.sh"), "900"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0 and "check exit 0" in done.stdout and "recipe exit 0" in done.stdout, done.stdout
+    back = {p.name: p for p in (tmp_path / "back").iterdir()}  # what a call would bring back: at most 8 files
+    assert len(back) <= 8 and {"check.log", "check-summary.json", "recipe.log", "small.tgz",
+                               "eagle1-model.safetensors"} <= set(back)
+    assert json.loads(back["check-summary.json"].read_text())["ok"]
+    with tarfile.open(back["small.tgz"]) as tar:
+        assert {"check/summary.md", "recipe/summary.json", "recipe/eagle3/config.json"} <= set(tar.getnames())
+    out = tmp_path / "recipe"
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["heads"]) == {"eagle3", "eagle1"}
     assert summary["data"] == "sharegpt" and summary["examples_available"] == 6 and "distill" not in summary
