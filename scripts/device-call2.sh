@@ -4,14 +4,15 @@
 # Usage: bash scripts/device-call2.sh LIMIT   (LIMIT: seconds this call may run, under its timeout_s)
 # Everything that comes back is in $OUT, at most 8 files: the two logs, the check's summary.json,
 # the heads' weights, and small.tgz (configs, the check's summary.md, the recipe's summary.json).
-# JOBS="check recipe" (default), "check" or "recipe"; CHECK_ARGS: more options for the check;
+# JOBS="check recipe" (default), "check", "recipe", or "probe": scripts/compiled-probe.py, the compiled
+# path compiled in-process then as packages (its logs come back); CHECK_ARGS: more options for the check;
 # RECIPE_ARGS: more for the recipe (e.g. "--data distill"). BUNDLE (.device) and WORK (/tmp) move
 # the bundle and the scratch results (tests/test_gpu_recipe.py runs this script dry on the CPU).
 set -u
 T0=$(date +%s); LIMIT=${1:-560}
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-/tmp/out}; DEV=${DEV:-cuda}; DRY=${DRY:-}
 BUNDLE=${BUNDLE:-.device}; WORK=${WORK:-/tmp}; JOBS=${JOBS:-check recipe}; CHECK_ARGS=${CHECK_ARGS:-}; RECIPE_ARGS=${RECIPE_ARGS:-}
-case " $JOBS " in *" check "*|*" recipe "*) ;; *) echo "JOBS=\"$JOBS\": name check and/or recipe"; exit 2;; esac
+case " $JOBS " in *" check "*|*" recipe "*|*" probe "*) ;; *) echo "JOBS=\"$JOBS\": name check, recipe and/or probe"; exit 2;; esac
 # eager kernels: the compiled CUDA path crashed on the H200 (docs/gpu.md, the first run)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$(cd "$(dirname "$0")/.." && pwd)/src EAGLESPEC_COMPILE=off HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
@@ -19,8 +20,16 @@ mkdir -p "$BUNDLE/a" "$OUT"; rm -rf "$WORK/check" "$WORK/recipe"  # nothing from
 [ -f "$BUNDLE/a/model.part" ] || cp /tmp/keep/a.part "$BUNDLE/a/model.part" || { echo "no part a: repeat call 1"; exit 1; }
 GGUF=$($PY -m eaglespec.tools.gpu_recipe join --bundle "$BUNDLE") || exit 1
 echo "joined $GGUF, $(left) s left"
+HEAD=$(ls -d "$BUNDLE"/b/head/* 2>/dev/null | head -1)
+if [[ " $JOBS " == *" probe "* ]]; then  # first: the one that may crash is the point of it
+  for variant in off on; do
+    P=$(( $(left) - 30 )); [ $P -lt 60 ] && break
+    EAGLESPEC_COMPILE=on EAGLESPEC_COMPILE_PACKAGES=$variant timeout $P $PY "$(dirname "$0")/compiled-probe.py" "$GGUF" \
+      "$HEAD" $DEV > "$OUT/probe-packages-$variant.log" 2>&1
+    echo "probe (packages $variant) exit $?, $(left) s left"
+  done
+fi
 if [[ " $JOBS " == *" check "* ]]; then
-  HEAD=$(ls -d "$BUNDLE"/b/head/* 2>/dev/null | head -1)
   CAP=$(( $(left) - 200 )); [[ " $JOBS " == *" recipe "* ]] || CAP=$(( $(left) - 20 )); [ $CAP -gt 330 ] && [[ " $JOBS " == *" recipe "* ]] && CAP=330
   if [ $CAP -lt 60 ]; then
     echo "check skipped: ${CAP} s is too little (raise LIMIT, or JOBS=recipe)"

@@ -279,6 +279,18 @@ def test_auto_stays_eager_on_cuda_and_on_still_compiles_there():
     assert resolve_mode("off", torch.device("cuda"))[0] is False
 
 
+@needs_cxx
+def test_packages_off_compiles_in_process(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path))
+    target = tiny_target("llama")
+    why = compiled.use_compiled(target, "on")
+    assert target.steps.folder is not None and "artefacts in" in why
+    monkeypatch.setenv(compiled.PACKAGES_ENV, "off")
+    again = tiny_target("llama")
+    why = compiled.use_compiled(again, "on")
+    assert again.steps.folder is None and "compiled in this process" in why and "artefacts in" not in why
+
+
 def test_trees_and_batches_beyond_the_buckets(capsys):
     """auto runs them eagerly, said so; on refuses them in one line, before the target loads."""
     from eaglespec.cli.commands import main

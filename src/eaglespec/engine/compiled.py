@@ -871,6 +871,10 @@ class CompiledSteps:
 
 
 COMPILE_ENV = "EAGLESPEC_COMPILE"  # the default of --compile / compile=None (the tests set it to off)
+# off: each graph compiled in-process by torch.compile (nothing kept on disk, every start compiles
+# again) instead of an AOTInductor package: the other way to try the compiled path on CUDA, where
+# building a package crashed (docs/gpu.md)
+PACKAGES_ENV = "EAGLESPEC_COMPILE_PACKAGES"
 
 
 def compile_mode(mode: str | None, quantize: str | None = None) -> str:
@@ -894,6 +898,8 @@ def use_compiled(target, mode: str = "auto", progress: bool = True, tokens: int 
     on, why = resolve_mode(mode, target.device, tokens, rows)
     if on:
         folder, note = artefact_dir(target)
+        if os.environ.get(PACKAGES_ENV, "on") == "off" and folder is not None:
+            folder, note = None, f"graphs compiled in this process, not kept ({PACKAGES_ENV}=off)"
         target.steps = CompiledSteps(target, progress, folder=folder)
         why = f"{why}; {note}" if note else why
         if folder is not None:
