@@ -64,6 +64,30 @@ def test_an_unfinished_or_damaged_copy_is_never_trusted(copies, capsys):
     assert "ignored the damaged copy" in capsys.readouterr().err and not folder.exists()
 
 
+def test_writing_a_copy_removes_those_no_start_can_load_again(copies, tmp_path, capsys):
+    model, tokenizer = tiny_model("llama", 0, torch.float32), tiny_tokenizer()
+    old, old_key = gguf_copy.locate(copies, torch.float32)
+    gguf_copy.write(old, old_key, model, tokenizer)
+    bf16, bf16_key = gguf_copy.locate(copies, torch.bfloat16)  # another dtype of the same file: kept
+    gguf_copy.write(bf16, bf16_key, model, tokenizer)
+    gone = tmp_path / "joined.gguf"  # a file joined in a temporary folder, later deleted
+    gone.write_bytes(b"x")
+    lost, lost_key = gguf_copy.locate(gone, torch.float32)
+    gguf_copy.write(lost, lost_key, model, tokenizer)
+    other = tmp_path / "other.gguf"  # another file that still exists: kept
+    other.write_bytes(b"y")
+    kept, kept_key = gguf_copy.locate(other, torch.float32)
+    gguf_copy.write(kept, kept_key, model, tokenizer)
+    gone.unlink()
+    (old.parent / "stray").mkdir()  # not a copy: left alone
+    os.utime(copies, ns=(0, 12345))  # the .gguf rewritten: its fp32 copy is superseded
+    new, new_key = gguf_copy.locate(copies, torch.float32)
+    capsys.readouterr()
+    gguf_copy.write(new, new_key, model, tokenizer)
+    assert "removed 2 older copies" in capsys.readouterr().err
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted([new.name, bf16.name, kept.name, "stray"])
+
+
 def test_an_unwritable_folder_only_costs_the_copy(copies, tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

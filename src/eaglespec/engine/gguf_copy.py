@@ -8,8 +8,10 @@ read that folder in under a second, the same tensors bit for bit. The key is the
 path, size, modification time), the load dtype and the transformers and gguf versions: a changed
 file or an upgrade makes a new folder. A folder is written under a temporary name and renamed
 when whole, with its key file written last, so an interrupted write is never trusted; a damaged
-one is removed, said so, and written again. `EAGLESPEC_GGUF_COPIES` names another folder, or
-`off` keeps no copies (a copy costs the fp32 weights' size on disk: 538 MB for SmolLM2-135M).
+one is removed, said so, and written again; writing one removes the copies no start can load
+again (the same file and dtype under an older key, or a .gguf that is gone), said so.
+`EAGLESPEC_GGUF_COPIES` names another folder, or `off` keeps no copies (a copy costs the fp32
+weights' size on disk: 538 MB for SmolLM2-135M).
 """
 
 from __future__ import annotations
@@ -110,3 +112,25 @@ def write(folder: Path, key: dict, model, tokenizer) -> None:
         return
     print(f"[eaglespec] kept a dequantized copy of {key['file']} ({size / 1e6:.0f} MB) in {folder}: later starts load "
           f"it instead of the .gguf ({COPIES_ENV}=off keeps none)", file=sys.stderr)
+    removed, freed = prune(folder.parent, key)
+    if removed:
+        print(f"[eaglespec] removed {removed} older cop{'y' if removed == 1 else 'ies'} ({freed / 1e6:.0f} MB) that no "
+              "start can load again (their .gguf changed or is gone)", file=sys.stderr)
+
+
+def prune(root: Path, key: dict) -> tuple[int, int]:
+    """Remove the copies that no load can use again, after writing the copy of `key`: those of the
+    same file and dtype made under another key (the file was rewritten, or an upgrade), and those
+    whose .gguf no longer exists (a file joined in a temporary folder). -> (copies, bytes) removed."""
+    removed = freed = 0
+    for folder in root.glob("*/"):
+        try:
+            other = json.loads((folder / KEY_FILE).read_text())["key"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            continue  # not a whole copy (being written, or not ours): left alone
+        same = other.get("file") == key["file"] and other.get("dtype") == key["dtype"] and other != key
+        if same or not Path(str(other.get("file"))).exists():
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            shutil.rmtree(folder, ignore_errors=True)
+            removed, freed = removed + 1, freed + size
+    return removed, freed
