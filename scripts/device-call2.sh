@@ -22,10 +22,11 @@ GGUF=$($PY -m eaglespec.tools.gpu_recipe join --bundle "$BUNDLE") || exit 1
 echo "joined $GGUF, $(left) s left"
 HEAD=$(ls -d "$BUNDLE"/b/head/* 2>/dev/null | head -1)
 if [[ " $JOBS " == *" probe "* ]]; then  # first: the one that may crash is the point of it
+  n=2
   for variant in off on; do
-    P=$(( $(left) - 30 )); [ $P -lt 60 ] && break
-    EAGLESPEC_COMPILE=on EAGLESPEC_COMPILE_PACKAGES=$variant timeout $P $PY "$(dirname "$0")/compiled-probe.py" "$GGUF" \
-      "$HEAD" $DEV > "$OUT/probe-packages-$variant.log" 2>&1
+    P=$(( ($(left) - 30) / n )); n=$(( n - 1 )); [ $P -lt 60 ] && break
+    EAGLESPEC_COMPILE=on EAGLESPEC_COMPILE_PACKAGES=$variant timeout -k 10 $P $PY "$(dirname "$0")/compiled-probe.py" \
+      "$GGUF" "${HEAD:-default}" $DEV > "$OUT/probe-packages-$variant.log" 2>&1
     echo "probe (packages $variant) exit $?, $(left) s left"
   done
 fi

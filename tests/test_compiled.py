@@ -285,7 +285,7 @@ def test_packages_off_compiles_in_process(monkeypatch, tmp_path):
     target = tiny_target("llama")
     why = compiled.use_compiled(target, "on")
     assert target.steps.folder is not None and "artefacts in" in why
-    monkeypatch.setenv(compiled.PACKAGES_ENV, "off")
+    monkeypatch.setenv(compiled.PACKAGES_ENV, "OFF")
     again = tiny_target("llama")
     why = compiled.use_compiled(again, "on")
     assert again.steps.folder is None and "compiled in this process" in why and "artefacts in" not in why

@@ -1,7 +1,9 @@
 """Dequantized copies of GGUF targets (engine/gguf_copy.py): kept atomically, keyed, trusted only
 whole, rebuilt when damaged; and for the real default target, the copy is the .gguf's model."""
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -80,12 +82,23 @@ def test_writing_a_copy_removes_those_no_start_can_load_again(copies, tmp_path, 
     gguf_copy.write(kept, kept_key, model, tokenizer)
     gone.unlink()
     (old.parent / "stray").mkdir()  # not a copy: left alone
+    keep = [bf16.name, kept.name, "stray"]
+    for name, changes in (("other-versions", {"transformers": "0.0"}), ("unmounted", {"file": "/no/such/mount/m.gguf"}),
+                          (".half-written", {})):  # another environment's copy, a share not mounted, a write under way
+        folder = old.parent / name
+        shutil.copytree(old, folder)
+        (folder / gguf_copy.KEY_FILE).write_text(json.dumps({"key": {**old_key, **changes}}))
+        keep.append(name)
+    (old.parent / "link").symlink_to(old.parent / "other-versions")
+    keep.append("link")
     os.utime(copies, ns=(0, 12345))  # the .gguf rewritten: its fp32 copy is superseded
     new, new_key = gguf_copy.locate(copies, torch.float32)
     capsys.readouterr()
     gguf_copy.write(new, new_key, model, tokenizer)
     assert "removed 2 older copies" in capsys.readouterr().err
-    assert sorted(p.name for p in old.parent.iterdir()) == sorted([new.name, bf16.name, kept.name, "stray"])
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted([new.name, *keep])
+    (new / gguf_copy.KEY_FILE).write_text(json.dumps({"key": "not a key"}))  # unreadable keys never fail a write
+    gguf_copy.write(bf16, bf16_key, model, tokenizer)
 
 
 def test_an_unwritable_folder_only_costs_the_copy(copies, tmp_path, capsys, monkeypatch):

@@ -31,7 +31,10 @@ def test_examples_and_model_parts_round_trip(tmp_path):
     source = tmp_path / "model.gguf"
     source.write_bytes(bytes(range(256)) * 41 + b"x")
     info = split_file(source, tmp_path / "bundle")
-    assert join_file(tmp_path / "bundle", info, tmp_path / "work").read_bytes() == source.read_bytes()
+    joined = join_file(tmp_path / "bundle", info, tmp_path / "work")
+    assert joined.read_bytes() == source.read_bytes()
+    os.utime(joined, ns=(0, 12345))
+    assert join_file(tmp_path / "bundle", info, tmp_path / "work").stat().st_mtime_ns == 12345  # unchanged: not rewritten
     (tmp_path / "bundle" / "b" / "model.part").write_bytes(b"corrupt")
     with pytest.raises(EagleError, match="SHA-256"):
         join_file(tmp_path / "bundle", info, tmp_path / "work")

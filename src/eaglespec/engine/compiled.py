@@ -871,8 +871,8 @@ class CompiledSteps:
 
 
 COMPILE_ENV = "EAGLESPEC_COMPILE"  # the default of --compile / compile=None (the tests set it to off)
-# off: each graph compiled in-process by torch.compile (nothing kept on disk, every start compiles
-# again) instead of an AOTInductor package: the other way to try the compiled path on CUDA, where
+# off: each graph compiled in-process by torch.compile (no package kept, every start compiles
+# again; inductor's own caches still go to the artefact folder) instead of an AOTInductor package: the other way to try the compiled path on CUDA, where
 # building a package crashed (docs/gpu.md)
 PACKAGES_ENV = "EAGLESPEC_COMPILE_PACKAGES"
 
@@ -898,8 +898,9 @@ def use_compiled(target, mode: str = "auto", progress: bool = True, tokens: int 
     on, why = resolve_mode(mode, target.device, tokens, rows)
     if on:
         folder, note = artefact_dir(target)
-        if os.environ.get(PACKAGES_ENV, "on") == "off" and folder is not None:
-            folder, note = None, f"graphs compiled in this process, not kept ({PACKAGES_ENV}=off)"
+        if os.environ.get(PACKAGES_ENV, "on").strip().lower() in ("off", "0", "no", "false") and folder is not None:
+            note = "; ".join(n for n in (note, f"graphs compiled in this process, no packages kept ({PACKAGES_ENV}=off)") if n)
+            folder = None
         target.steps = CompiledSteps(target, progress, folder=folder)
         why = f"{why}; {note}" if note else why
         if folder is not None:

@@ -9,7 +9,7 @@ path, size, modification time), the load dtype and the transformers and gguf ver
 file or an upgrade makes a new folder. A folder is written under a temporary name and renamed
 when whole, with its key file written last, so an interrupted write is never trusted; a damaged
 one is removed, said so, and written again; writing one removes the copies no start can load
-again (the same file and dtype under an older key, or a .gguf that is gone), said so.
+again (this file in this dtype and these versions, rewritten since; a .gguf deleted), said so.
 `EAGLESPEC_GGUF_COPIES` names another folder, or `off` keeps no copies (a copy costs the fp32
 weights' size on disk: 538 MB for SmolLM2-135M).
 """
@@ -112,25 +112,45 @@ def write(folder: Path, key: dict, model, tokenizer) -> None:
         return
     print(f"[eaglespec] kept a dequantized copy of {key['file']} ({size / 1e6:.0f} MB) in {folder}: later starts load "
           f"it instead of the .gguf ({COPIES_ENV}=off keeps none)", file=sys.stderr)
-    removed, freed = prune(folder.parent, key)
+    try:
+        removed, freed = prune(folder.parent, key, keep=folder)
+    except Exception:  # pruning is housekeeping: never a failed load
+        return
     if removed:
         print(f"[eaglespec] removed {removed} older cop{'y' if removed == 1 else 'ies'} ({freed / 1e6:.0f} MB) that no "
-              "start can load again (their .gguf changed or is gone)", file=sys.stderr)
+              "start can load again (their .gguf was rewritten or deleted)", file=sys.stderr)
 
 
-def prune(root: Path, key: dict) -> tuple[int, int]:
-    """Remove the copies that no load can use again, after writing the copy of `key`: those of the
-    same file and dtype made under another key (the file was rewritten, or an upgrade), and those
-    whose .gguf no longer exists (a file joined in a temporary folder). -> (copies, bytes) removed."""
+def _dead(other: dict, key: dict) -> bool:
+    """Whether no start can load the copy keyed `other` again: its .gguf was deleted from a folder
+    that still exists (an unmounted share is left alone), or it is this file in this dtype and
+    these versions, rewritten since (its size or time changed). Other versions' copies are kept:
+    another environment may share the folder."""
+    file = Path(str(other.get("file")))
+    try:
+        stat = file.stat()
+    except FileNotFoundError:
+        return file.parent.is_dir()
+    same = all(other.get(k) == key.get(k) for k in ("file", "dtype", "transformers", "gguf", "scheme"))
+    return same and (other.get("size"), other.get("mtime_ns")) != (stat.st_size, stat.st_mtime_ns)
+
+
+def prune(root: Path, key: dict, keep: Path | None = None) -> tuple[int, int]:
+    """Remove the copies under `root` that no start can load again (`_dead`), after writing the copy
+    of `key` (`keep`: never removed); a half-written, foreign or unreadable folder is left alone.
+    -> (copies, bytes) removed."""
     removed = freed = 0
-    for folder in root.glob("*/"):
+    for folder in root.iterdir():
         try:
+            if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir() or folder == keep:
+                continue
             other = json.loads((folder / KEY_FILE).read_text())["key"]
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-            continue  # not a whole copy (being written, or not ours): left alone
-        same = other.get("file") == key["file"] and other.get("dtype") == key["dtype"] and other != key
-        if same or not Path(str(other.get("file"))).exists():
+            if not isinstance(other, dict) or not _dead(other, key):
+                continue
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             shutil.rmtree(folder, ignore_errors=True)
-            removed, freed = removed + 1, freed + size
+            if not folder.exists():
+                removed, freed = removed + 1, freed + size
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            continue
     return removed, freed

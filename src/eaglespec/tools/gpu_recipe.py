@@ -134,7 +134,8 @@ def join_file(bundle: Path, info: dict, work: Path) -> Path:
         raise EagleError(f"the reassembled {info['name']} does not match its SHA-256: rebuild the bundle and resend both parts")
     work.mkdir(parents=True, exist_ok=True)
     path = work / info["name"]
-    atomic_write_bytes(path, data)
+    if not (path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data):
+        atomic_write_bytes(path, data)  # an unchanged file keeps its time: its dequantized copy stays valid
     return path
 
 
