@@ -69,6 +69,22 @@ def test_distilled_examples_are_the_targets_greedy_replies_with_the_reply_masked
     assert len(few) == 2  # out of time after the first batch
 
 
+def test_tau_starts_no_question_once_its_time_is_spent():
+    from test_train_distill import make_target
+
+    from eaglespec.draft.head import EagleHead
+    from eaglespec.tools.gpu_recipe import _tau
+
+    target = make_target()
+    torch.manual_seed(0)
+    head = EagleHead(target.config).to(target.dtype)
+    questions = ["Say a", "Say ab", "Say abc"]
+    whole = _tau(target, head, questions, 4, "eagle1")
+    assert whole["questions"] == whole["of"] == 3 and whole["tau"] >= 1.0
+    cut = _tau(target, head, questions, 4, "eagle1", seconds=0.0)
+    assert cut["questions"] == 1 and cut["of"] == 3  # the first always runs
+
+
 @pytest.mark.slow
 def test_dry_run_on_cpu_writes_both_heads(tmp_path):
     assert main(["bundle", "--out", str(tmp_path / "bundle"), "--conversations", "6", "--max-length", "256",

@@ -219,18 +219,23 @@ def bf16_head_copy(src: Path, dst: Path) -> Path:
 
 
 # -- run (GPU side) --------------------------------------------------------------------------------
-def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str) -> dict:
+def _tau(target, head, questions: list[str], max_new_tokens: int, tree: str, seconds: float | None = None) -> dict:
+    """tau over `questions` (greedy); starts no question after the first once `seconds` have passed
+    (eager decoding on a GPU is launch-bound: ~30 ms a step on the H200), said in "questions"."""
     from ..engine.decoding import EagleGenerator
 
     gen = EagleGenerator(target, head, tree)
-    emitted = steps = tokens = 0
+    emitted = steps = tokens = done = 0
     start = time.perf_counter()
     for q in questions:
+        if done and seconds is not None and time.perf_counter() - start > seconds:
+            break
         result = gen.generate(q, max_new_tokens=max_new_tokens)
         emitted += sum(s.emitted for s in result.steps)
         steps += len(result.steps)
         tokens += len(result.token_ids)
-    return {"questions": len(questions), "tree": tree, "max_new_tokens": max_new_tokens,
+        done += 1
+    return {"questions": done, "of": len(questions), "tree": tree, "max_new_tokens": max_new_tokens,
             "tau": emitted / max(steps, 1), "tokens": tokens, "seconds": time.perf_counter() - start}
 
 
@@ -265,7 +270,7 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
         print(f"[gpu-recipe] distilled {len(examples)} replies ({summary['distill']['new_tokens']} tokens) in "
               f"{summary['distill']['seconds']:.0f} s", flush=True)
     else:
-        budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau
+        budget = {"eagle3": 0.5 * minutes, "eagle1": 0.2 * minutes}  # the rest: load, evaluation, tau (10% each)
         examples = unpack_examples(bundle_dir / "b" / EXAMPLES, limit=6 if dry_run else None)
     summary["examples_available"] = len(examples)
 
@@ -297,7 +302,7 @@ def run(bundle_dir: Path, out: Path, device: str, minutes: float, dry_run: bool,
         print(f"[gpu-recipe] {kind}: {result.steps} steps in {trained:.0f} s, held-out top-1 at depth 1 "
               f"{'-' if depth1 is None else f'{depth1:.3f}'}; measuring tau", flush=True)
         loaded = load_head(out / kind, target.config).to(device=target.device, dtype=target.dtype)
-        tau = _tau(target, loaded, questions, 8 if dry_run else 256, "eagle1")
+        tau = _tau(target, loaded, questions, 8 if dry_run else 256, "eagle1", None if dry_run else 6 * minutes)
         summary["heads"][kind]["mt_bench"] = tau
         write_summary()
         print(f"[gpu-recipe] {kind}: tau {tau['tau']:.2f} on {tau['questions']} MT-bench questions", flush=True)
