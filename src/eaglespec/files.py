@@ -44,6 +44,19 @@ def atomic_path(path: Path):
             os.unlink(tmp)
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the regular files under `folder` (links not followed; a file removed meanwhile skipped)."""
+    total = 0
+    for path in Path(folder).rglob("*"):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if path.is_file() and not path.is_symlink():
+            total += st.st_size
+    return total
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_bytes(data)

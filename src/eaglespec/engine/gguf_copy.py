@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..errors import one_line
-from ..files import cache_dir
+from ..files import cache_dir, folder_bytes
 
 COPIES_ENV = "EAGLESPEC_GGUF_COPIES"
 KEY_FILE = "eaglespec-gguf-copy.json"
@@ -147,7 +147,7 @@ def prune(root: Path, key: dict, keep: Path | None = None) -> tuple[int, int]:
             other = json.loads((folder / KEY_FILE).read_text())["key"]
             if not isinstance(other, dict) or not _dead(other, key):
                 continue
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            size = folder_bytes(folder)
             shutil.rmtree(folder, ignore_errors=True)
             if not folder.exists():
                 removed, freed = removed + 1, freed + size

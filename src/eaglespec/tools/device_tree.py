@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import EagleError
+from ..files import folder_bytes
 
 CALL_BYTES = 64 * 2 ** 20  # what one device call carries, the tree and the named paths together
 SLIM = ("src", "tests", "scripts", "pyproject.toml", "Makefile")
@@ -105,7 +106,7 @@ def slim(repo: Path) -> int:
     backup.mkdir(parents=True)
     try:
         shutil.copyfile(index, backup / "index")
-        (backup / "HEAD").write_text(_git(repo, "rev-parse", "-q", "--verify", "HEAD").strip() if _has_head(repo) else "")
+        (backup / "HEAD").write_text(_head(repo))
         before = exclude.read_bytes() if exclude.is_file() else None
         if before is not None:
             (backup / "exclude").write_bytes(before)
@@ -127,12 +128,12 @@ def slim(repo: Path) -> int:
     return tree_bytes(repo)
 
 
-def _has_head(repo: Path) -> bool:
+def _head(repo: Path) -> str:
+    """HEAD's commit, or '' in a repository without one."""
     try:
-        _git(repo, "rev-parse", "-q", "--verify", "HEAD")
-        return True
+        return _git(repo, "rev-parse", "-q", "--verify", "HEAD").strip()
     except EagleError:
-        return False
+        return ""
 
 
 def _restore(repo: Path, backup: Path) -> None:
@@ -163,7 +164,7 @@ def unslim(repo: Path) -> str:
     if not backup.is_dir():
         raise EagleError("the index is not slim (no backup to restore): nothing to do")
     head = (backup / "HEAD").read_text() if (backup / "HEAD").is_file() else ""
-    now = _git(repo, "rev-parse", "-q", "--verify", "HEAD").strip() if _has_head(repo) else ""
+    now = _head(repo)
     _restore(repo, backup)
     return "" if head == now else f"note: HEAD moved while slim ({head[:12] or 'none'} -> {now[:12]}): check `git status`"
 
@@ -171,8 +172,7 @@ def unslim(repo: Path) -> str:
 def call_sizes(repo: Path, bundle: Path) -> dict[str, int]:
     """Bytes each bundle call carries: the tree as it travels now, plus .device/a or .device/b."""
     tree = tree_bytes(repo)
-    part = lambda p: sum(f.stat().st_size for f in (bundle / p).rglob("*") if f.is_file())  # noqa: E731
-    return {"tree": tree, **{f"call {p}": tree + part(p) for p in ("a", "b") if (bundle / p).is_dir()}}
+    return {"tree": tree, **{f"call {p}": tree + folder_bytes(bundle / p) for p in ("a", "b") if (bundle / p).is_dir()}}
 
 
 def main(argv: list[str] | None = None) -> int:

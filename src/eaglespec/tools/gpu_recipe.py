@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import EagleError
-from ..files import atomic_path, atomic_write_bytes
+from ..files import atomic_path, atomic_write_bytes, folder_bytes
 from .device_tree import CALL_BYTES
 
 PARTS = ("a", "b")
@@ -116,8 +116,8 @@ def distill_examples(target, prompts: list[torch.Tensor], max_new_tokens: int, b
 def split_file(source: Path, out: Path, first: int | None = None) -> dict:
     """source -> out/a/model.part (its first `first` bytes, default half) and out/b/model.part."""
     data = source.read_bytes()
-    half = (len(data) + 1) // 2 if first is None else first
-    for part, chunk in zip(PARTS, (data[:half], data[half:])):
+    cut = (len(data) + 1) // 2 if first is None else first
+    for part, chunk in zip(PARTS, (data[:cut], data[cut:])):
         (out / part).mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out / part / "model.part", chunk)
     return {"name": source.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -166,7 +166,7 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
     head = default_head_dir(target)
     shutil.rmtree(out / "b" / "head", ignore_errors=True)  # one head: device-call2.sh takes the first
     if head is not None:  # the shipped head, for the check's --head; bf16 is what runs there
-        bf16_head_copy(head, out / "b" / "head" / head.name)
+        bf16_head_copy(head, out / "b" / "head" / head.name, target.config)
     first, sizes = part_sizes(gguf.stat().st_size, out)
     info = {"gguf": split_file(gguf, out, first), "target": target.identity(), "calls": sizes,
             "data": {**pack_examples(examples, out / "b" / EXAMPLES), "max_length": max_length,
@@ -174,7 +174,7 @@ def bundle(out: Path, conversations: int, max_length: int, wheels: bool, prompt_
             "prompts": {**pack_prompts(prompts, out / "b" / PROMPTS), "max_length": prompt_length}}
     shutil.copyfile(mt_bench_path(), out / "b" / QUESTIONS)
     atomic_write_bytes(out / "b" / BUNDLE, json.dumps(info, indent=2).encode())
-    part_b = sum(f.stat().st_size for f in (out / "b").rglob("*") if f.is_file())
+    part_b = folder_bytes(out / "b")
     if sizes["tree"] + part_b > CALL_BYTES:
         raise EagleError(f"part b ({part_b / 2 ** 20:.1f} MiB) and the slim tree ({sizes['tree'] / 2 ** 20:.1f} MiB) "
                          f"exceed the {CALL_BYTES / 2 ** 20:.0f} MiB a device call carries: pass fewer --conversations")
@@ -190,7 +190,7 @@ def part_sizes(model_bytes: int, out: Path, repo: Path | None = None) -> tuple[i
         tree = slim_bytes(toplevel(repo or Path.cwd())) + 2 ** 20
     except EagleError:  # not a git checkout: the package installed elsewhere
         tree = 4 * 2 ** 20
-    wheels = sum(f.stat().st_size for f in (out / "a").rglob("*.whl"))
+    wheels = folder_bytes(out / "a" / "whl")
     first = min(CALL_BYTES - tree - wheels, model_bytes)
     if first <= 0:
         raise EagleError(f"the wheels ({wheels / 2 ** 20:.1f} MiB) and the slim tree ({tree / 2 ** 20:.1f} MiB) fill a "
@@ -198,23 +198,16 @@ def part_sizes(model_bytes: int, out: Path, repo: Path | None = None) -> tuple[i
     return first, {"tree": tree, "wheels": wheels, "model_first": first, "model_rest": model_bytes - first}
 
 
-def bf16_head_copy(src: Path, dst: Path) -> Path:
-    """A head folder with its weights cast to bf16 (half the bytes; the GPU runs it in bf16) and
-    only the files a head loads from (config, weights, draft vocabulary, acceptance)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+def bf16_head_copy(src: Path, dst: Path, target_config) -> Path:
+    """The head in `src` cast to bf16 (half the bytes; the GPU runs it in bf16), written by its own
+    save_pretrained, with the files a head loads beside its weights (draft vocabulary, acceptance)."""
+    from ..draft.heads import load_head
 
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name == "model.safetensors":
-            with safe_open(f, "pt") as handle:
-                meta = handle.metadata()
-            weights = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
-                       for k, v in load_file(f).items()}
-            with atomic_path(dst / f.name) as tmp:
-                save_file(weights, tmp, metadata=meta)
-        elif f.suffix in (".json", ".safetensors") and f.is_file():
-            shutil.copyfile(f, dst / f.name)
+    extra = json.loads((src / "config.json").read_text()).get("eaglespec", {})
+    load_head(src, target_config).to(torch.bfloat16).save_pretrained(dst, extra=extra)
+    for name in ("draft_vocab.safetensors", "acceptance.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
     return dst
 
 
