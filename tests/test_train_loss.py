@@ -25,13 +25,19 @@ def reference_loss(predicted, target, mask, lm_head, w_f, w_p):
 
 
 def test_loss_equals_the_reference_and_so_do_its_gradients():
+    """A batch's loss is the sum over its sequences of each one's reference loss (the trainer
+    divides by the step's sequence count), so that a micro-batch takes the step one sequence at
+    a time would; a sequence with no masked position adds nothing."""
     g = torch.Generator().manual_seed(0)
     lm_head = torch.nn.Linear(H, V, bias=False).double()
-    predicted = torch.randn(2, 6, H, generator=g, dtype=torch.float64, requires_grad=True)
-    target = torch.randn(2, 6, H, generator=g, dtype=torch.float64)
-    mask = torch.rand(2, 6, generator=g) > 0.4
+    predicted = torch.randn(3, 6, H, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(3, 6, H, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, 6, generator=g) > 0.4
+    mask[1] = False
+    assert mask[0].any() and mask[2].any() and mask[0].sum() != mask[2].sum()
     parts = eagle_loss(predicted, target, mask, lm_head, feature_weight=1.0, token_weight=0.1)
-    reference = reference_loss(predicted, target, mask, lm_head, 1.0, 0.1)
+    reference = sum(reference_loss(predicted[b:b + 1], target[b:b + 1], mask[b:b + 1], lm_head, 1.0, 0.1)
+                    for b in (0, 2))
     torch.testing.assert_close(parts.loss, reference.float(), rtol=1e-6, atol=1e-6)
     assert parts.positions == int(mask.sum())
     (grad,) = torch.autograd.grad(parts.loss, predicted)

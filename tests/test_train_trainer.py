@@ -253,3 +253,46 @@ def test_reduced_loss_vocabulary_uses_the_most_frequent_rows(target, dataset, tm
     after = trainer.run().final_eval
     assert after["token_loss"] < before["token_loss"]
     assert Trainer(target, dataset, TrainConfig(), tmp_path / "full", progress=False).lm_head is target.lm_head
+
+
+class OneAtATime(FailingDataset):
+    """The data set without its batched read (`samples`): each sequence from its own forward."""
+
+    def __init__(self, dataset):
+        super().__init__(dataset, reads=10 ** 9)
+
+
+@pytest.mark.parametrize("head", ["eagle1", "eagle3"])
+def test_a_micro_batch_takes_the_steps_one_sequence_at_a_time_takes(head, tmp_path):
+    """Sequences of 8-23 tokens, right-padded 3 to a forward (grad_accum 4: micro-batches of 3
+    and 1): the same weights as one sequence per forward, in float64. Pooling the positions of a
+    micro-batch instead of averaging each sequence's own would weight long sequences more and
+    part the runs; so would padding that reached a real position."""
+    target64 = tiny_target(dtype=torch.float64, check=False)
+    data = OnlineDataset(target64, synthetic_examples(10), layers=(1, 1, 0) if head == "eagle3" else None)
+    extra = dict(head="eagle3", aux_layers="1,1,0", ttt_steps=3, draft_vocab_size=64) if head == "eagle3" else {}
+    config = TrainConfig(lr=3e-3, warmup=1, grad_accum=4, epochs=2, eval_fraction=0.2, log_every=1, **extra)
+    runs = {}
+    for name, micro, dataset in (("one", 1, data), ("batched", 3, data), ("batched, read apart", 3, OneAtATime(data))):
+        cfg = TrainConfig(**{**config.__dict__, "micro_batch": micro})
+        runs[name] = train(target64, dataset, cfg, tmp_path / name, progress=False, compute_dtype=torch.float64)
+    one = runs["one"].head.state_dict()
+    assert any(not torch.equal(v, Trainer(target64, data, config, tmp_path / "fresh", progress=False)
+                               .head.state_dict()[k]) for k, v in one.items())  # it trained
+    for name in ("batched", "batched, read apart"):
+        other = runs[name].head.state_dict()
+        for k in one:
+            torch.testing.assert_close(other[k], one[k], rtol=1e-9, atol=1e-11, msg=f"{name}: {k}")
+        losses = [r["loss"] for r in runs[name].history if r["kind"] == "train"]
+        # the loss reads fp32 logits (`loss._logits`), so its sums regroup at fp32's precision
+        assert losses == pytest.approx([r["loss"] for r in runs["one"].history if r["kind"] == "train"], rel=1e-6)
+
+
+def test_a_checkpoint_resumes_under_another_micro_batch(target, dataset, tmp_path):
+    config = TrainConfig(lr=1e-3, warmup=2, grad_accum=3, epochs=2, eval_fraction=0.2, checkpoint_every=1)
+    with pytest.raises(Interrupted):
+        train(target, FailingDataset(dataset, reads=8 + 2 + 4), config, tmp_path, progress=False)
+    resumed = train(target, dataset, TrainConfig(**{**config.__dict__, "micro_batch": 2}), tmp_path, progress=False)
+    assert resumed.steps == 6
+    with pytest.raises(EagleError, match="--micro-batch 1 or more"):
+        TrainConfig(micro_batch=0)

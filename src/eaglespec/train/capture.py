@@ -288,7 +288,18 @@ class OnlineDataset:
         return self.examples[index].input_ids, self.examples[index].loss_mask
 
     def __getitem__(self, index: int) -> Sample:
-        example = self.examples[index]
-        states = self.target.capture_states(example.input_ids[None], layers=self.layers)
-        return Sample(example.input_ids, example.loss_mask, states.features[0],
-                      states.hidden[0] if self.layers else None)
+        return self.samples([index])[0]
+
+    def samples(self, indices: list[int]) -> list[Sample]:
+        """Several examples from one target forward, right-padded (exact under causal attention)."""
+        examples = [self.examples[i] for i in indices]
+        lengths = [e.input_ids.numel() for e in examples]
+        ids = torch.zeros(len(examples), max(lengths), dtype=examples[0].input_ids.dtype)
+        keep = torch.zeros(ids.shape, dtype=torch.long)
+        for row, (e, n) in enumerate(zip(examples, lengths)):
+            ids[row, :n], keep[row, :n] = e.input_ids, 1
+        states = self.target.capture_states(ids, attention_mask=None if len(examples) == 1 else keep,
+                                            layers=self.layers)
+        return [Sample(e.input_ids, e.loss_mask, states.features[row, :n],
+                       states.hidden[row, :n] if self.layers else None)
+                for row, (e, n) in enumerate(zip(examples, lengths))]

@@ -130,9 +130,13 @@ class TrainConfig:
     beta2: float = _opt(0.95, "AdamW beta2")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
     grad_accum: int = _opt(8, "sequences per optimizer step, the global batch: under torchrun they are dealt to the "
-                           "processes, so the step is the same for any process count (each micro-batch is one "
-                           "sequence; a multiple of the process count keeps every process busy)",
+                           "processes, so the step is the same for any process count (a multiple of the process "
+                           "count keeps every process busy)",
                            aliases=("--batch",))
+    micro_batch: int = _opt(1, "sequences per forward, right-padded: the step is the same for any size (each "
+                            "sequence's loss is averaged over its own positions), only the arithmetic is grouped "
+                            "otherwise; raise it on a GPU, where one ~700-token sequence leaves it idle. A "
+                            "checkpoint resumes under any size")
     warmup: int = _opt(100, "optimizer steps of linear learning-rate warm-up")
     schedule: str = _opt("linear", "learning rate after warm-up: 'linear' decay to 0 at the last step "
                          "(the official EAGLE code) or 'constant'", choices=("linear", "constant"))
@@ -166,8 +170,8 @@ class TrainConfig:
         parse_layers(self.aux_layers, None)
         if self.ttt_decay <= 0:
             raise EagleError(f"ttt_decay={self.ttt_decay}: pass --ttt-decay above 0")
-        for name in ("epochs", "grad_accum", "eval_depths", "checkpoint_every", "log_every", "ttt_steps",
-                     "draft_vocab_size"):
+        for name in ("epochs", "grad_accum", "micro_batch", "eval_depths", "checkpoint_every", "log_every",
+                     "ttt_steps", "draft_vocab_size"):
             if getattr(self, name) < 1:
                 raise EagleError(f"{name}={getattr(self, name)}: pass --{_flag(name)} 1 or more")
         for name in ("lr", "grad_clip", "weight_decay", "warmup", "feature_loss_weight", "token_loss_weight"):

@@ -10,6 +10,11 @@ never trains the first two tokens of a reply and trains on the two tokens after 
 the head's first draft after a prompt predicts x[t+2] from (x[t+1], f[t]) exactly as here.)
 
     loss = w_f * SmoothL1(f_hat, f) + w_p * CE(p, q), each averaged over the masked positions.
+
+A micro-batch of several sequences (`collate`: right-padded, the padding masked out) gives the
+sum over its sequences of each one's loss, averaged over that sequence's own positions, so that
+any micro-batch size takes the same optimizer step as one sequence at a time. Right padding is
+exact: under causal attention no real position attends to a later one.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ class HeadInputs:
 
 @dataclass
 class LossParts:
-    loss: torch.Tensor          # scalar, differentiable
-    feature_loss: torch.Tensor  # scalar, detached
-    token_loss: torch.Tensor    # scalar, detached
+    loss: torch.Tensor          # scalar, differentiable: the sum over the sequences of each one's mean loss
+    feature_loss: torch.Tensor  # scalar, detached (the same sum)
+    token_loss: torch.Tensor    # scalar, detached (the same sum)
     correct: int                # masked positions where argmax q == argmax p (depth-1 top-1)
     positions: int              # masked positions
 
@@ -51,6 +56,29 @@ def head_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, features: torc
     return HeadInputs(embeds[None], a[None, :-1], f[None, 1:], mask[None, :-1].to(device))
 
 
+def collate(batch: list[HeadInputs]) -> HeadInputs:
+    """Sequences [1, T_i, ...] -> one right-padded micro-batch [B, max T_i, ...]; the padding
+    (zeros) is masked out."""
+    if len(batch) == 1:
+        return batch[0]
+    n = max(x.embeds.shape[1] for x in batch)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return F.pad(t, (0, 0) * (t.dim() - 2) + (0, n - t.shape[1]))
+
+    return HeadInputs(*(torch.cat([pad(getattr(x, name)) for x in batch])
+                        for name in ("embeds", "features", "target", "mask")))
+
+
+def _per_sequence_sum(values: torch.Tensor, rows: torch.Tensor, batch: int) -> torch.Tensor:
+    """values [N] at the masked positions of sequences rows [N] (ascending) -> the sum over the
+    sequences of each one's mean (a sequence without positions adds 0). One sequence: values.mean()."""
+    if batch == 1:
+        return values.mean()
+    counts = torch.bincount(rows, minlength=batch).tolist()
+    return sum(chunk.mean() for chunk in values.split(counts) if chunk.numel())
+
+
 def _logits(lm_head, x: torch.Tensor) -> torch.Tensor:
     return lm_head(x.to(lm_head.weight.dtype)).float()
 
@@ -58,17 +86,19 @@ def _logits(lm_head, x: torch.Tensor) -> torch.Tensor:
 def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, lm_head,
                feature_weight: float = 1.0, token_weight: float = 0.1) -> LossParts:
     """predicted, target [B, T, H]; mask [B, T] bool. Only masked positions go through the LM head."""
-    pred, tgt = predicted[mask], target[mask]  # [N, H]
+    pred, tgt = predicted[mask], target[mask]  # [N, H], sequence by sequence
     n = pred.shape[0]
     if n == 0:
         zero = predicted.sum() * 0.0
         return LossParts(zero, zero.detach(), zero.detach(), 0, 0)
-    feature_loss = F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1).mean()
+    rows, batch = mask.nonzero()[:, 0], mask.shape[0]
+    feature_loss = _per_sequence_sum(
+        F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1), rows, batch)
     with torch.no_grad():
         target_logits = _logits(lm_head, tgt)  # [N, V]
         p = target_logits.softmax(-1)
     draft_logits = _logits(lm_head, pred)      # [N, V]
-    token_loss = -(p * draft_logits.log_softmax(-1)).sum(-1).mean()
+    token_loss = _per_sequence_sum(-(p * draft_logits.log_softmax(-1)).sum(-1), rows, batch)
     correct = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
     loss = feature_weight * feature_loss + token_weight * token_loss
     return LossParts(loss, feature_loss.detach(), token_loss.detach(), correct, n)
@@ -95,9 +125,9 @@ def rollout_correct(head, inputs: HeadInputs, lm_head, depths: int) -> list[int]
 
 @dataclass
 class StepParts:
-    loss: torch.Tensor       # scalar, differentiable: sum over steps of decay**k * CE_k
+    loss: torch.Tensor       # scalar, differentiable: sum over steps of decay**k * CE_k (and over sequences)
     token_loss: torch.Tensor  # scalar, detached: the same sum
-    step_loss: list[float]   # CE_k per step
+    step_loss: list[float]   # CE_k per step (summed over sequences)
     correct: list[int]       # per step: masked positions where the draft's top-1 is the target's top-1
     positions: list[int]     # per step: masked positions
 
@@ -114,34 +144,37 @@ def ttt_loss(head, inputs: HeadInputs, target_lm, steps: int, decay: float,
     rows for the head's draft ids, in draft-id order). Columns whose x[t+k+2] is not an assistant
     token, or lies past the sequence, do not count. `wanted` [T-1]: the target's top-1 over its
     full vocabulary at each column (for accuracies; default: the top-1 over the draft vocabulary).
+    A micro-batch (`collate`) gives the sum over its sequences of each one's loss; `wanted` is then
+    [B, T-1].
     """
-    embeds, mask = inputs.embeds, inputs.mask[0]
-    n = embeds.shape[1]
+    embeds, mask = inputs.embeds, inputs.mask
+    batch, n = mask.shape
     with torch.no_grad():
-        p_logits = _logits(target_lm, inputs.target[0])  # [T-1, Vd]
+        p_logits = _logits(target_lm, inputs.target)  # [B, T-1, Vd]
         p = p_logits.softmax(-1)
         if wanted is None:
             wanted = head.target_ids()[p_logits.argmax(-1)]
+        wanted = wanted.reshape(batch, n)
     hidden = head.encode(inputs.features)
     keys, values = [], []
     total = embeds.new_zeros((), dtype=torch.float32)
     parts = StepParts(total, total, [], [], [])
     ids = head.target_ids()
     for k in range(min(steps, n)):
-        e = torch.cat([embeds[:, k:], embeds.new_zeros(1, k, embeds.shape[-1])], dim=1)  # x[t+1+k]; tail unread
+        e = torch.cat([embeds[:, k:], embeds.new_zeros(batch, k, embeds.shape[-1])], dim=1)  # x[t+1+k]; tail unread
         positions = torch.arange(k, n + k, device=embeds.device)[None]
         hidden = head.ttt_step(e, hidden, positions, keys, values)
-        cols = mask[k:].nonzero().flatten()  # columns t with x[t+k+2] an assistant token
+        rows, cols = mask[:, k:].nonzero().unbind(-1)  # (sequence, column t) with x[t+k+2] an assistant token
         if cols.numel() == 0:
             parts.step_loss.append(0.0)
             parts.correct.append(0)
             parts.positions.append(0)
             continue
-        logq = head.lm_head(head.norm(hidden[0, cols])).float().log_softmax(-1)  # [M, Vd]
-        ce = -(p[cols + k] * logq).sum(-1).mean()
+        logq = head.lm_head(head.norm(hidden[rows, cols])).float().log_softmax(-1)  # [M, Vd]
+        ce = _per_sequence_sum(-(p[rows, cols + k] * logq).sum(-1), rows, batch)
         total = total + decay ** k * ce
         parts.step_loss.append(float(ce.detach()))
-        parts.correct.append(int((ids[logq.argmax(-1)] == wanted[cols + k]).sum()))
+        parts.correct.append(int((ids[logq.argmax(-1)] == wanted[rows, cols + k]).sum()))
         parts.positions.append(int(cols.numel()))
     parts.loss, parts.token_loss = total, total.detach()
     return parts

@@ -1,6 +1,9 @@
 """Training loop for an EAGLE-1 or EAGLE-3 head (`eaglespec train`).
 
-One sequence per micro-batch, `grad_accum` of them per AdamW step. The data order is a function
+`micro_batch` sequences per forward (right-padded; one by default), `grad_accum` sequences per
+AdamW step. The loss of a step is the mean over its sequences of each one's loss, whatever the
+micro-batch size: a larger one changes only the arithmetic's grouping (what a GPU needs to be
+busy), not the step. The data order is a function
 of (seed, epoch) alone, and a checkpoint holds everything else that a step depends on (head,
 optimizer, scheduler, RNG states, the position in the epoch's order), so a resumed run on CPU is
 bit-for-bit the uninterrupted one. The target's embedding and LM head are used, frozen, and
@@ -49,7 +52,7 @@ from ..pause import PAUSE_FILE, wait_if_paused
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
 from .distributed import Distributed
-from .loss import HeadInputs, LossParts, eagle_loss, head_inputs, rollout_correct, ttt_loss
+from .loss import HeadInputs, LossParts, collate, eagle_loss, head_inputs, rollout_correct, ttt_loss
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -122,7 +125,7 @@ def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
 
 
 class _StepLoss(torch.nn.Module):
-    """One sequence's training loss as the forward of a module that owns the head: what DDP
+    """A micro-batch's training loss as the forward of a module that owns the head: what DDP
     wraps, since its gradient hooks need the loss made inside its forward (EAGLE-3's loss calls
     several of the head's methods, not its forward)."""
 
@@ -239,12 +242,27 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # -- one sequence -------------------------------------------------------------------------
+    # -- one sequence, or a micro-batch of them ---------------------------------------------
     def _inputs(self, index: int) -> HeadInputs:
-        s = self.dataset[index]
+        return self._head_inputs(self.dataset[index])
+
+    def _head_inputs(self, s) -> HeadInputs:
         hidden = s.hidden if self.head.hidden_layers is not None else None
         return head_inputs(s.input_ids, s.loss_mask, s.features, self.target.embed_tokens, self.param_dtype,
                            self.device, hidden=hidden)
+
+    def _micro_batch(self, indices: list[int]) -> HeadInputs:
+        """The training inputs of `indices`, each with its own seeded feature noise, right-padded
+        into one micro-batch. A dataset with `samples(indices)` (OnlineDataset: one target forward
+        for the lot) reads them together."""
+        many = getattr(self.dataset, "samples", None)
+        samples = many(indices) if many is not None and len(indices) > 1 else [self.dataset[i] for i in indices]
+        batch = []
+        for index, sample in zip(indices, samples):
+            inputs = self._head_inputs(sample)
+            self.noise_rng.manual_seed(noise_seed(self.config.seed, self.epoch, index))
+            batch.append(dataclasses.replace(inputs, features=self._noisy(inputs.features)))
+        return collate(batch)
 
     def _loss(self, inputs: HeadInputs, features: torch.Tensor) -> LossParts:
         c = self.config
@@ -306,7 +324,8 @@ class Trainer:
             raise EagleError(f"{path} is not a readable checkpoint ({exc}); pass --overwrite to start again") from exc
         check_identity(state["target"], self.target, f"checkpoint {path}")
         theirs = from_dict(TrainConfig, state["config"], str(path))
-        if dataclasses.replace(theirs, time_limit=self.config.time_limit) != self.config:  # a limit may change
+        # a time limit may change, and so may the micro-batch (the same steps, grouped otherwise)
+        if dataclasses.replace(theirs, time_limit=self.config.time_limit, micro_batch=self.config.micro_batch) != self.config:
             diff = sorted(k for k, v in to_dict(self.config).items() if state["config"][k] != v)
             raise EagleError(f"checkpoint {path} was made with other training options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite (or --no-resume) to start again")
@@ -358,17 +377,17 @@ class Trainer:
         """Gradients of the mean loss over `group`, one optimizer step's sequences -> the step's
         [loss, feature loss, token loss] (means over the group). Data-parallel, this process takes
         its share and DDP sums the shares' gradients in the last micro-batch's backward."""
-        world = self.dist.world_size
+        world, size = self.dist.world_size, self.config.micro_batch
         mine = self.dist.shard(group)
-        slots = -(-len(group) // world)  # micro-batches on every process: the largest share
+        batches = [mine[i:i + size] for i in range(0, len(mine), size)]
+        slots = -(-(-(-len(group) // world)) // size)  # micro-batches on every process: the largest share's
         losses = [0.0, 0.0, 0.0]
         for slot in range(slots):
             syncs = slot == slots - 1 or not isinstance(self.model, DistributedDataParallel)
             with contextlib.nullcontext() if syncs else self.model.no_sync():
-                if slot < len(mine):
-                    inputs = self._inputs(mine[slot])
-                    self.noise_rng.manual_seed(noise_seed(self.config.seed, self.epoch, mine[slot]))
-                    parts = self.model(inputs, self._noisy(inputs.features))
+                if slot < len(batches):
+                    inputs = self._micro_batch(batches[slot])
+                    parts = self.model(inputs, inputs.features)
                 else:  # a short share: a zero gradient, so that this process joins the all-reduce
                     parts = self.model(None, None)
                 (parts.loss * world / len(group)).backward()  # DDP divides the sum by world
