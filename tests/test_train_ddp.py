@@ -110,8 +110,11 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     first = _train(target, dataset, FIRST_STEP_ONLY, tmp_path / "1to2")  # 1 step on one process
     assert first.steps == 1 and (tmp_path / "1to2" / CHECKPOINT).is_file()
 
+    micro = {"micro_batch": 2}  # each process's share of a step in one forward (a share of 0 or 1 too)
     _spawn([(CONFIG, tmp_path / "two"),  # 6 steps on two processes
             (EAGLE3, tmp_path / "two3"),  # 3 steps
+            (TrainConfig(**{**CONFIG.__dict__, **micro}), tmp_path / "two-micro"),
+            (TrainConfig(**{**EAGLE3.__dict__, **micro}), tmp_path / "two3-micro"),
             (CONFIG, tmp_path / "1to2"),  # resumes the one-process checkpoint: steps 2-6
             (FIRST_STEP_ONLY, tmp_path / "2to1")])  # 1 step on two processes, then a checkpoint
 
@@ -121,10 +124,11 @@ def test_two_processes_train_as_one_and_checkpoints_move_between_process_counts(
     assert rest.steps == 6
 
     files = {p.name for p in (tmp_path / "one").iterdir()}
-    for out in ("two", "1to2", "2to1"):
+    for out in ("two", "1to2", "2to1", "two-micro"):
         assert {p.name for p in (tmp_path / out).iterdir()} == files  # no checkpoint or temporary file left
         _assert_same_run(tmp_path / "one", tmp_path / out)
     _assert_same_run(tmp_path / "one3", tmp_path / "two3")
+    _assert_same_run(tmp_path / "one3", tmp_path / "two3-micro")
 
 
 def test_eaglespec_train_under_torchrun(tmp_path, request):

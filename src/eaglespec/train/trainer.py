@@ -380,7 +380,7 @@ class Trainer:
         world, size = self.dist.world_size, self.config.micro_batch
         mine = self.dist.shard(group)
         batches = [mine[i:i + size] for i in range(0, len(mine), size)]
-        slots = -(-(-(-len(group) // world)) // size)  # micro-batches on every process: the largest share's
+        slots = math.ceil(math.ceil(len(group) / world) / size)  # micro-batches on every process: the largest share's
         losses = [0.0, 0.0, 0.0]
         for slot in range(slots):
             syncs = slot == slots - 1 or not isinstance(self.model, DistributedDataParallel)
