@@ -13,7 +13,7 @@ from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import FeatureDataset, OnlineDataset, capture
 from eaglespec.train.config import CaptureConfig, TrainConfig
-from eaglespec.train.loss import head_inputs, ttt_loss
+from eaglespec.train.loss import collate, head_inputs, ttt_loss
 from eaglespec.train.trainer import CHECKPOINT, Trainer, train
 
 LAYERS = (1, 1, 0)  # the tiny models have 2 layers: vLLM ids 0 (embeddings) and 1
@@ -55,6 +55,39 @@ def test_ttt_loss_equals_the_unrolled_reference(target, dataset, tmp_path):
         assert parts.positions[k] == len(cols)
         assert parts.step_loss[k] == pytest.approx(float(ce.detach()), rel=1e-4)
     assert float(parts.loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-4)
+
+
+def test_a_micro_batch_of_ttt_losses_is_the_sum_of_each_sequences(target, dataset, tmp_path):
+    """Three sequences of different lengths, right-padded into one micro-batch; the second counts
+    only its first column, so it has positions at step 0 and none at steps 1-2: loss, step
+    losses, positions and hits are the sums of the three sequences' own."""
+    trainer = Trainer(target, dataset, eagle3_config(), tmp_path, progress=False)
+    seqs = []
+    for i in (0, 1, 2):
+        s = dataset[i]
+        seqs.append(head_inputs(s.input_ids, s.loss_mask, s.features, target.embed_tokens, torch.float32, "cpu",
+                                hidden=s.hidden))
+    seqs[1].mask[:] = False
+    seqs[1].mask[0, 0] = True
+    assert len({x.embeds.shape[1] for x in seqs}) == 3
+    alone = [ttt_loss(trainer.head, x, trainer.lm_head, 3, 0.8) for x in seqs]
+    assert alone[1].positions == [1, 0, 0]
+    batched = ttt_loss(trainer.head, collate(seqs), trainer.lm_head, 3, 0.8)
+    assert batched.token_loss.item() == pytest.approx(sum(a.token_loss.item() for a in alone), rel=1e-5)
+    assert batched.positions == [sum(a.positions[k] for a in alone) for k in range(3)]
+    assert batched.correct == [sum(a.correct[k] for a in alone) for k in range(3)]
+    assert batched.step_loss == pytest.approx([sum(a.step_loss[k] for a in alone) for k in range(3)], rel=1e-5)
+    grads = []
+    for parts in (batched, None):
+        trainer.head.zero_grad()
+        if parts is None:
+            for x in seqs:
+                ttt_loss(trainer.head, x, trainer.lm_head, 3, 0.8).loss.backward()
+        else:
+            parts.loss.backward()
+        grads.append({k: p.grad.clone() for k, p in trainer.head.named_parameters() if p.grad is not None})
+    for k in grads[1]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_training_reduces_the_loss_and_writes_an_eagle3_head(target, dataset, tmp_path):

@@ -288,11 +288,21 @@ def test_a_micro_batch_takes_the_steps_one_sequence_at_a_time_takes(head, tmp_pa
         assert losses == pytest.approx([r["loss"] for r in runs["one"].history if r["kind"] == "train"], rel=1e-6)
 
 
-def test_a_checkpoint_resumes_under_another_micro_batch(target, dataset, tmp_path):
+def test_a_checkpoint_resumes_under_another_micro_batch(tmp_path):
+    """Cut in epoch 1, resumed with micro-batches of 2: the uninterrupted run's weights (float64)."""
+    target64 = tiny_target(dtype=torch.float64, check=False)
+    dataset = OnlineDataset(target64, synthetic_examples(10))
     config = TrainConfig(lr=1e-3, warmup=2, grad_accum=3, epochs=2, eval_fraction=0.2, checkpoint_every=1)
+    run = dict(progress=False, compute_dtype=torch.float64)
+    whole = train(target64, dataset, config, tmp_path / "whole", **run)
     with pytest.raises(Interrupted):
-        train(target, FailingDataset(dataset, reads=8 + 2 + 4), config, tmp_path, progress=False)
-    resumed = train(target, dataset, TrainConfig(**{**config.__dict__, "micro_batch": 2}), tmp_path, progress=False)
-    assert resumed.steps == 6
+        train(target64, FailingDataset(dataset, reads=8 + 2 + 4), config, tmp_path / "cut", **run)
+    with pytest.raises(EagleError, match=r"other training options \(lr\)"):  # micro_batch is not listed
+        train(target64, dataset, TrainConfig(**{**config.__dict__, "lr": 2e-3, "micro_batch": 2}), tmp_path / "cut", **run)
+    resumed = train(target64, dataset, TrainConfig(**{**config.__dict__, "micro_batch": 2}), tmp_path / "cut", **run)
+    assert resumed.steps == whole.steps == 6
+    a, b = whole.head.state_dict(), resumed.head.state_dict()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11, msg=k)
     with pytest.raises(EagleError, match="--micro-batch 1 or more"):
         TrainConfig(micro_batch=0)

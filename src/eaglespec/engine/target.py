@@ -218,6 +218,8 @@ class TargetModel:
     def capture_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                        layers: tuple[int, ...] | None = None) -> "TargetStates":
         """`features` plus the fused layers of an EAGLE-3 head ([B, T, k*H]) from the same forward."""
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
         out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False,
                            output_hidden_states=layers is not None)
         return TargetStates(out.last_hidden_state, self._fuse(out, layers))

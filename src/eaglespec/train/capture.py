@@ -291,11 +291,12 @@ class OnlineDataset:
         return self.samples([index])[0]
 
     def samples(self, indices: list[int]) -> list[Sample]:
-        """Several examples from one target forward, right-padded (exact under causal attention)."""
+        """Several examples from one target forward, right-padded: under causal attention each one's
+        features are its own forward's, up to float rounding."""
         examples = [self.examples[i] for i in indices]
         lengths = [e.input_ids.numel() for e in examples]
         ids = torch.zeros(len(examples), max(lengths), dtype=examples[0].input_ids.dtype)
-        keep = torch.zeros(ids.shape, dtype=torch.long)
+        keep = torch.zeros(ids.shape, dtype=torch.bool)
         for row, (e, n) in enumerate(zip(examples, lengths)):
             ids[row, :n], keep[row, :n] = e.input_ids, 1
         states = self.target.capture_states(ids, attention_mask=None if len(examples) == 1 else keep,

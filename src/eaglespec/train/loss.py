@@ -13,8 +13,9 @@ the head's first draft after a prompt predicts x[t+2] from (x[t+1], f[t]) exactl
 
 A micro-batch of several sequences (`collate`: right-padded, the padding masked out) gives the
 sum over its sequences of each one's loss, averaged over that sequence's own positions, so that
-any micro-batch size takes the same optimizer step as one sequence at a time. Right padding is
-exact: under causal attention no real position attends to a later one.
+any micro-batch size takes the same optimizer step as one sequence at a time, up to float
+rounding (a padded batch sums in another order). No real position sees the padding: under causal
+attention none attends to a later one, and everything else works token by token.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def _per_sequence_sum(values: torch.Tensor, rows: torch.Tensor, batch: int) -> t
     sequences of each one's mean (a sequence without positions adds 0). One sequence: values.mean()."""
     if batch == 1:
         return values.mean()
-    counts = torch.bincount(rows, minlength=batch).tolist()
-    return sum(chunk.mean() for chunk in values.split(counts) if chunk.numel())
+    sums = values.new_zeros(batch).index_add(0, rows, values)
+    counts = torch.bincount(rows, minlength=batch).clamp(min=1)
+    return (sums / counts).sum()
 
 
 def _logits(lm_head, x: torch.Tensor) -> torch.Tensor:

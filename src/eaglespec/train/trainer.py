@@ -6,7 +6,8 @@ micro-batch size: a larger one changes only the arithmetic's grouping (what a GP
 busy), not the step. The data order is a function
 of (seed, epoch) alone, and a checkpoint holds everything else that a step depends on (head,
 optimizer, scheduler, RNG states, the position in the epoch's order), so a resumed run on CPU is
-bit-for-bit the uninterrupted one. The target's embedding and LM head are used, frozen, and
+bit-for-bit the uninterrupted one (under the same micro-batch size; under another, equal up to
+float rounding). The target's embedding and LM head are used, frozen, and
 never handed to the optimizer.
 
 Data-parallel (`torchrun`, see distributed.py): `grad_accum` stays the global batch. Each step's
@@ -285,7 +286,7 @@ class Trainer:
         with self.autocast():
             if self.head.predicts_features:
                 return [(h, positions) for h in rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)]
-            wanted = self.target.lm_head(inputs.target[0].to(self.target.dtype)).argmax(-1)
+            wanted = self.target.lm_head(inputs.target.to(self.target.dtype)).argmax(-1)
             parts = ttt_loss(self.head, inputs, self.lm_head, max(c.eval_depths, c.ttt_steps), c.ttt_decay, wanted)
             return list(zip(parts.correct, parts.positions))
 
@@ -326,7 +327,8 @@ class Trainer:
         theirs = from_dict(TrainConfig, state["config"], str(path))
         # a time limit may change, and so may the micro-batch (the same steps, grouped otherwise)
         if dataclasses.replace(theirs, time_limit=self.config.time_limit, micro_batch=self.config.micro_batch) != self.config:
-            diff = sorted(k for k, v in to_dict(self.config).items() if state["config"][k] != v)
+            free = ("time_limit", "micro_batch")
+            diff = sorted(k for k, v in to_dict(theirs).items() if k not in free and getattr(self.config, k) != v)
             raise EagleError(f"checkpoint {path} was made with other training options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite (or --no-resume) to start again")
         if state["data"] != self.data_info:
