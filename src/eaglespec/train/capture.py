@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
@@ -295,10 +296,8 @@ class OnlineDataset:
         features are its own forward's, up to float rounding."""
         examples = [self.examples[i] for i in indices]
         lengths = [e.input_ids.numel() for e in examples]
-        ids = torch.zeros(len(examples), max(lengths), dtype=examples[0].input_ids.dtype)
-        keep = torch.zeros(ids.shape, dtype=torch.bool)
-        for row, (e, n) in enumerate(zip(examples, lengths)):
-            ids[row, :n], keep[row, :n] = e.input_ids, 1
+        ids = pad_sequence([e.input_ids for e in examples], batch_first=True)
+        keep = pad_sequence([torch.ones(n, dtype=torch.bool) for n in lengths], batch_first=True)
         states = self.target.capture_states(ids, attention_mask=None if len(examples) == 1 else keep,
                                             layers=self.layers)
         return [Sample(e.input_ids, e.loss_mask, states.features[row, :n],

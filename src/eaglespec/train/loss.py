@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -62,12 +63,7 @@ def collate(batch: list[HeadInputs]) -> HeadInputs:
     (zeros) is masked out."""
     if len(batch) == 1:
         return batch[0]
-    n = max(x.embeds.shape[1] for x in batch)
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        return F.pad(t, (0, 0) * (t.dim() - 2) + (0, n - t.shape[1]))
-
-    return HeadInputs(*(torch.cat([pad(getattr(x, name)) for x in batch])
+    return HeadInputs(*(pad_sequence([getattr(x, name)[0] for x in batch], batch_first=True)
                         for name in ("embeds", "features", "target", "mask")))
 
 
