@@ -89,8 +89,12 @@ def test_shipped_eagle3_head_greedy_equals_vanilla(eagle3_generator, prompt, tre
     assert sum(s.accepted for s in eagle.steps) > 0  # a trained head: drafts get accepted
 
 
-def test_both_shipped_heads_stay_loadable_by_name():
-    from eaglespec.draft.shipped import named_head_dir, shipped_names
+def test_shipped_heads_stay_loadable_by_name():
+    from eaglespec.draft.shipped import _extra, named_head_dir, shipped_names
 
-    assert {"smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"} <= set(shipped_names())
+    earlier = {"smollm2-135m-instruct", "smollm2-135m-instruct-3k", "smollm2-135m-instruct-6k",
+               "smollm2-135m-instruct-12k", "smollm2-135m-instruct-eagle3"}  # every former default, and EAGLE-3
+    assert earlier <= set(shipped_names())
+    assert all(named_head_dir(name) is not None for name in earlier)
+    assert sum(bool(_extra(named_head_dir(n)).get("default")) for n in shipped_names()) == 1  # one default
     assert named_head_dir("no-such-head") is None
