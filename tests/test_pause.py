@@ -122,3 +122,59 @@ def test_timing_commands_hold_the_machine(argv, holds):
     from eaglespec.cli.commands import build_parser
 
     assert getattr(build_parser().parse_args(argv), "holds_machine", False) is holds
+
+
+def working_process(cache, unit_s: float, marker):
+    """A long job that has begun a unit of work of `unit_s` seconds (it passed wait_if_paused),
+    writes `marker` when the unit ends, then checks for a pause again and prints 'resumed'."""
+    code = ("import sys, time\nfrom eaglespec import pause\npause.POLL_S = 0.05\npause.wait_if_paused()\n"
+            "print('working', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+            "open(sys.argv[2], 'w').write('done')\npause.wait_if_paused()\nprint('resumed', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(unit_s), str(marker)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "EAGLESPEC_CACHE": str(cache)})
+    assert proc.stdout.readline().strip() == "working"
+    return proc
+
+
+def test_a_benchmark_starts_only_once_a_working_job_has_finished_its_step(cache, tmp_path, capsys):
+    marker = tmp_path / "unit-done"
+    job = working_process(cache, 0.6, marker)
+    try:
+        with pause.hold_machine():
+            assert marker.exists()  # the job's step ended before the benchmark's block began
+            assert job.poll() is None  # and the job sleeps at its pause point, not finished
+        assert job.stdout.readline().strip() == "resumed"
+    finally:
+        job.kill()
+        job.wait()
+    err = capsys.readouterr().err
+    assert "waiting for a background job" in err and "paused after" in err
+
+
+def test_a_job_that_never_comes_back_to_its_pause_check_delays_a_benchmark_only_so_long(cache, tmp_path,
+                                                                                          monkeypatch, capsys):
+    monkeypatch.setattr(pause, "SETTLE_S", 0.3)
+    job = working_process(cache, 60, tmp_path / "never")
+    try:
+        start = time.monotonic()
+        with pause.hold_machine():
+            waited = time.monotonic() - start
+        assert 0.3 <= waited < 5
+        assert "did not pause within" in capsys.readouterr().err
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_job_that_benchmarks_itself_does_not_wait_for_its_own_step(cache, monkeypatch):
+    monkeypatch.setattr(pause, "SETTLE_S", 5)
+    assert pause.wait_if_paused() == 0.0  # now working a unit: holds the busy lock
+    assert pause._busy_fd is not None
+    start = time.monotonic()
+    with pause.hold_machine():
+        assert time.monotonic() - start < 1
+    assert pause._busy_fd is None  # it stepped aside; the next check takes the lock again
+    pause.wait_if_paused()
+    assert pause._busy_fd is not None
+    pause.idle()
+    assert pause._busy_fd is None

@@ -33,7 +33,7 @@ from ..engine.target import FINGERPRINT_SCHEME
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 from ..memory import peak_rss_mb
-from ..pause import PAUSE_FILE, wait_if_paused
+from ..pause import PAUSE_FILE, idle, wait_if_paused
 from .config import CaptureConfig, parse_layers, to_dict
 from .data import DataSummary, Example, check_usable, iter_examples, source_digest
 
@@ -184,6 +184,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
                 bar.set_postfix(tokens=manifest["tokens"], shards=len(manifest["shards"]))
         if pending:
             _commit(directory, manifest, pending, time.monotonic() - started)
+    idle()  # no more pause checks: benchmarks need not wait for this job
     if summary.conversations:  # examples came from our own reader, which counted the whole source
         check_usable(summary, config)
         manifest["summary"] = summary.to_dict()

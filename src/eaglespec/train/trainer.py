@@ -49,7 +49,7 @@ from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
-from ..pause import PAUSE_FILE, wait_if_paused
+from ..pause import PAUSE_FILE, idle, wait_if_paused
 from .capture import check_identity
 from .config import TrainConfig, from_dict, parse_layers, to_dict
 from .distributed import Distributed
@@ -445,6 +445,7 @@ class Trainer:
                         break  # the next epoch has its own order
                     if self.step % c.checkpoint_every == 0:
                         self.save_checkpoint()
+        idle()  # no more pause checks: benchmarks need not wait for the evaluation and saving below
         if (last_eval(self.history) or {}).get("step") != self.step:
             self._record_eval()
         unfinished = self.step < self.total_steps and self.epoch < c.epochs  # stopped by --time-limit
