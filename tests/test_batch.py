@@ -208,6 +208,36 @@ def test_sampling_in_a_batch_keeps_the_target_distribution():
     assert ok, f"chi2 {stat:.1f} > {critical:.1f}"
 
 
+def test_a_confidence_floor_keeps_the_target_distribution_and_the_seeded_sample():
+    """With a floor, each row's tree is cut by its own draft's confidence (trees of several sizes
+    in one batch): the second token (the first one a tree verifies) still follows the target's
+    marginal, and in reproducible mode a seeded sample is still vanilla's."""
+    import collections
+
+    target = tiny_target("llama")
+    with torch.no_grad():
+        target.lm_head.weight.div_(4.0)  # spread p and q over many tokens
+    gen = EagleGenerator(target, random_head(target), "eagle1")
+    gen.draft_floor = 0.01  # about q's top probability here: nodes fall on both sides of it
+    counts, sizes = torch.zeros(target.vocab_size), collections.Counter()
+    prompt = PROMPTS[2]
+    for k in range(14):  # 14 batches of 90 copies (and 10 of another prompt): 1,260 draws
+        results = gen.generate_batch(input_ids=[prompt] * 90 + [PROMPTS[0]] * 10, max_new_tokens=3, temperature=1.0,
+                                     seed=100 * k, stop_token_ids=set(), sampling_mode="speculative")
+        for r in results[:90]:
+            counts[r.token_ids[1]] += 1
+            sizes[r.steps[0].tree_size] += 1  # the tree that verified the second token
+    assert len(sizes) >= 2 and max(sizes) < gen.tree.num_nodes, sizes
+    ok, stat, critical = chi_square_fits(counts, second_token_marginal(target, prompt))
+    assert ok, f"chi2 {stat:.1f} > {critical:.1f}"
+    for seed in range(3):
+        vanilla = gen.generate(input_ids=PROMPTS[0], max_new_tokens=24, temperature=1.0, seed=seed, speculative=False,
+                               stop_token_ids=set(), sampling_mode="reproducible")
+        eagle = gen.generate(input_ids=PROMPTS[0], max_new_tokens=24, temperature=1.0, seed=seed,
+                             stop_token_ids=set(), sampling_mode="reproducible")
+        assert eagle.token_ids == vanilla.token_ids
+
+
 def test_the_tree_may_change_between_steps_with_the_batch_size():
     """--tree auto by batch size: a big tree alone, a small one for two, no drafts for three or
     more; sequences join and leave, so every kind of step (and the head catching up on the pairs

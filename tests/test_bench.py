@@ -172,6 +172,7 @@ def test_auto_fixed_keeps_the_tuned_tree_that_auto_leaves():
     gen.tuned = TunedTree(big, 2.0, 1.5, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67)], 0.010,
                           trees=((1, small), (3, big)))
     gen.tree = big
+    gen.draft_floor = 0.0  # whole trees (the confidence floor: the test below)
     methods, _ = build_methods(gen, f"vanilla,auto,{AUTO_FIXED}", [], greedy=True)
     assert [m.name for m in methods] == [BASELINE, "auto", AUTO_FIXED] and methods[2].spec.startswith(f"{AUTO_FIXED}: ")
     ids = gen.encode("hello there")
@@ -181,6 +182,31 @@ def test_auto_fixed_keeps_the_tuned_tree_that_auto_leaves():
     assert set(records[AUTO_FIXED].tree_sizes[:-1]) == {big.num_nodes}  # the last token's step needs no tree
     assert 1 in records["auto"].tree_sizes[:-1]  # the adaptive policy left the tree for vanilla steps
     assert gen.adaptive is True
+
+
+def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
+    """The tuned floor (a level's drafting cost at the predicted speed: 0.15 here) cuts a random
+    head's trees to their root; `auto-whole` is auto with the floor off: whole trees until the
+    adaptive policy leaves them. All emit vanilla's tokens; the generator's floor is left as it was."""
+    from eaglespec.bench.methods import AUTO_FIXED, AUTO_WHOLE
+    from eaglespec.core.tree import static_tree
+    from eaglespec.engine.tuning import TunedTree
+
+    gen = tiny_generator()
+    small, big = static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)])
+    gen.tuned = TunedTree(big, 2.0, 1.5, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67)], 0.010,
+                          trees=((1, small), (3, big)))
+    gen.tree = big
+    assert gen.floor_for(big) == pytest.approx(0.15)
+    methods, _ = build_methods(gen, f"vanilla,{AUTO_FIXED},{AUTO_WHOLE}", [], greedy=True)
+    assert methods[2].spec.startswith(f"{AUTO_WHOLE}: ")
+    ids = gen.encode("hello there")
+    gen.eos_token_ids = set
+    records = {m.name: m.run(ids, 30, SamplingParams()) for m in methods}
+    assert records[AUTO_FIXED].token_ids == records[AUTO_WHOLE].token_ids == records[BASELINE].token_ids
+    assert set(records[AUTO_FIXED].tree_sizes) == {1}  # every node below the floor
+    assert records[AUTO_WHOLE].tree_sizes[0] == big.num_nodes
+    assert gen.draft_floor is None
 
 # -- the harness on a tiny model -----------------------------------------------------------------
 

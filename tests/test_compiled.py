@@ -126,6 +126,27 @@ def test_no_recompilation_while_decoding():
 
 
 @needs_cxx
+def test_a_floored_tree_is_warmed_at_every_width_it_may_verify():
+    """A tree with a confidence floor verifies 1 to all of its nodes from step to step: `warm`
+    builds each of those widths' graphs up front, so decoding builds nothing, and the output is
+    vanilla's."""
+    target = compiled_target("llama")
+    gen = EagleGenerator(target, random_head(target), "chain:6")
+    gen.draft_floor = 0.0005  # a random head: steps verify one to three nodes (test_decoding)
+    gen.warm()
+    assert {k[1] for k in target.steps._runners if k[3] is None} >= {1, 2, 4, 8}
+    built = target.steps.stats.graphs
+    vanilla = ids(gen, 40, speculative=False)
+    sizes = set()
+    out = []
+    for step in gen.stream(PROMPT, 40, stop_token_ids=set()):
+        out += step.tokens
+        sizes.add(step.stats.tree_size)
+    assert out == vanilla and len(sizes) >= 2
+    assert target.steps.stats.graphs == built
+
+
+@needs_cxx
 def test_batched_compiled_equals_each_sequence_alone():
     """Three prompts of different lengths and budgets decode together on the compiled path (rows
     padded to the bucket of 4) as each does alone eagerly; rows leave as they finish."""

@@ -50,6 +50,59 @@ def test_random_head_equals_vanilla(arch, tree):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("tree", ["eagle1", "chain:4"])
+def test_a_confidence_floor_verifies_less_and_keeps_the_output(arch, tree, monkeypatch):
+    """With a floor, a static tree verifies only the nodes whose path probability under the draft
+    reaches it, and does not draft a level none of whose nodes do: the trees vary from step to
+    step, the head runs fewer times, and the output is still vanilla's."""
+    from eaglespec.draft.drafter import Drafter
+
+    target = tiny_target(arch)
+    gen = EagleGenerator(target, random_head(target), tree)
+    levels = []
+    expand = Drafter._expand
+    monkeypatch.setattr(Drafter, "_expand", lambda self, *a: levels.append(1) or expand(self, *a))
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    whole = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    whole_levels, full = len(levels), gen.tree.num_nodes
+    assert {s.tree_size for s in whole.steps[:-1]} == {full}
+    gen.draft_floor = 0.02  # a random head over 128 tokens: some depth-1 nodes above it, few below
+    levels.clear()
+    floored = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, floored.token_ids)
+    sizes = [s.tree_size for s in floored.steps]
+    assert len(set(sizes)) >= 2 and max(sizes) < full, sizes  # the trees follow the draft's confidence
+    assert len(levels) < whole_levels / 2  # levels below the floor are not drafted
+    gen.draft_floor = 0.0005  # low enough that some steps keep depth-2 nodes
+    seen = []
+    for _ in gen.stream(PROMPT, 64, stop_token_ids=set(), observe=lambda t, logits, acc: seen.append(t)):
+        pass
+    assert any(int(t.buffers.tree_position_ids.max()) >= 2 for t in seen)
+    static = gen.tree.buffers.tree_position_ids.bincount().tolist()
+    for t in seen:  # each a part of the static tree closed under parents, its nodes at their own depths
+        assert all(a <= b for a, b in zip(t.buffers.tree_position_ids.bincount().tolist(), static))
+        if tree == "chain:4":
+            assert t.buffers.parents.tolist() == list(range(-1, t.tokens.numel() - 1))
+    gen.draft_floor = 0.9  # nothing reaches it: the root alone, after one level of drafting
+    levels.clear()
+    rootonly = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert rootonly.token_ids == floored.token_ids and {s.tree_size for s in rootonly.steps} == {1}
+    assert levels == []
+
+
+def test_the_floor_is_tuned_for_auto_trees_and_off_for_others():
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, random_head(target), "chain:3")
+    assert gen.floor_for(gen.tree) == 0.0 and gen.floor_for(DynamicTreeSpec()) == 0.0
+    gen.draft_floor = 0.1
+    assert gen.floor_for(gen.tree) == 0.1 and gen.floor_for(DynamicTreeSpec()) == 0.0  # EAGLE-2 keeps its N best
+    assert gen._drafter(gen.tree).floor == 0.1
+    with pytest.raises(ValueError, match="probability in"):
+        gen.draft_floor = 1.0
+        gen._drafter(gen.tree)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_oracle_drafter_equals_vanilla_and_accepts_all(arch, shape):
     target = tiny_target(arch)

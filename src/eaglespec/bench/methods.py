@@ -25,11 +25,13 @@ LLAMA_CPP = "llama.cpp"          # llama.cpp's vanilla decoding of the target's 
 LLAMA_CPP_F32 = "llama.cpp-f32"  # the same of an F32 copy: the weights eaglespec's fp32 target runs
 PROMPT_LOOKUP_TOKENS = 10
 AUTO_FIXED = "auto-fixed"      # --tree auto's tuned tree without the adaptive policy: what the policy adds
+AUTO_WHOLE = "auto-whole"      # --tree auto with every step's whole tree (no confidence floor): what the floor adds
 DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
     "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
     "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, auto (the tree tuned for this machine), "
     f"{AUTO_FIXED} (the tuned tree kept for every step: what the adaptive policy adds), "
+    f"{AUTO_WHOLE} (auto drafting its whole tree every step, --draft-floor 0: what the confidence floor adds), "
     "default (the --tree of the generator), eager (vanilla on the eager kernels, beside a compiled baseline), "
     f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy), {LLAMA_CPP} (llama-server decoding the "
     f"target's .gguf as it is, greedy), {LLAMA_CPP_F32} (the same of an F32 copy); the llama.cpp methods need "
@@ -64,7 +66,7 @@ class LoopMethod:
         self.gen, self.name, self.tree = gen, name, tree
         self.kind = "baseline" if tree is None else "lossless"
         self.spec = "no drafter" if tree is None else name
-        if name in ("auto", AUTO_FIXED):  # the tuned tree itself: a resumed run must use the same one
+        if name in ("auto", AUTO_FIXED, AUTO_WHOLE):  # the tuned tree itself: a resumed run must use the same one
             self.spec = f"{name}: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
         self.depth = int(getattr(tree, "depth", 0) or 0)
 
@@ -116,6 +118,21 @@ class FixedAuto(LoopMethod):
             return super().run(input_ids, max_new_tokens, sampling)
         finally:
             self.gen.adaptive = adaptive
+
+class WholeAuto(LoopMethod):
+    """--tree auto (adaptive) with the confidence floor off: every drafting step verifies its whole
+    tree. Beside `auto`, the difference is what the floor adds (or costs) on these prompts."""
+
+    def __init__(self, gen: EagleGenerator):
+        super().__init__(gen, AUTO_WHOLE, gen.tree)
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        floor, self.gen.draft_floor = self.gen.draft_floor, 0.0
+        try:
+            return super().run(input_ids, max_new_tokens, sampling)
+        finally:
+            self.gen.draft_floor = floor
+
 
 class HFMethod:
     """transformers' own `generate` on the same model: greedy, or prompt-lookup decoding."""
@@ -173,11 +190,11 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
             methods.append(LoopMethod(gen, BASELINE))
         elif name == EAGER:
             methods.append(EagerVanilla(gen))
-        elif name == AUTO_FIXED:
+        elif name in (AUTO_FIXED, AUTO_WHOLE):
             if gen.tuned is None:
-                raise EagleError(f"method {AUTO_FIXED!r} is the tree --tree auto tuned, and this generator has none: "
+                raise EagleError(f"method {name!r} is the tree --tree auto tuned, and this generator has none: "
                                  "run with --tree auto (the default) and a head with acceptance.json")
-            methods.append(FixedAuto(gen))
+            methods.append(FixedAuto(gen) if name == AUTO_FIXED else WholeAuto(gen))
         elif name in (HF_GENERATE, HF_PROMPT_LOOKUP):
             if not greedy:
                 notes.append(f"{name} skipped: outside references run greedy only")

@@ -22,6 +22,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", default="default", help="EAGLE-1 or EAGLE-3 head directory, or a shipped head's name; "
                    "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
+    p.add_argument("--draft-floor", type=float, default=None, metavar="P",
+                   help="a static tree's confidence floor: nodes whose path probability under the draft is below P "
+                        "are not drafted or verified (0 = the whole tree every step); default: tuned from the cost "
+                        "curve with --tree auto, 0 with other trees; dynamic trees keep their N best")
     p.add_argument("--retune", action="store_true",
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")
@@ -98,6 +102,9 @@ def check_model_args(args) -> None:
         quantize_target(None, args.quantize)  # refused, with the reason
     if args.tree != "auto":
         parse_tree(args.tree)
+    floor = getattr(args, "draft_floor", None)
+    if floor is not None and not 0 <= floor < 1:
+        raise EagleError(f"--draft-floor {floor}: give a probability in [0, 1) (0 drafts the whole tree every step)")
     from ..draft.shipped import named_head_dir, shipped_names
 
     if args.head not in ("default", "none") and not Path(args.head).is_dir() and named_head_dir(args.head) is None:
@@ -113,7 +120,8 @@ def load_generator(args, max_batch: int = 1):
     head = None if args.head == "none" else args.head
     gen = EagleGenerator.from_pretrained(args.target, head, args.tree, device=args.device, retune=args.retune,
                                          max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
-                                         allow_inexact=args.allow_inexact, compile=args.compile)
+                                         allow_inexact=args.allow_inexact, compile=args.compile,
+                                         draft_floor=getattr(args, "draft_floor", None))
     print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
     if gen.numerics_note:
         print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)

@@ -9,10 +9,18 @@ nodes of that level that get children. Draft ids become target ids before they e
 In reproducible sampling a row's children are ranked by q perturbed with the target's own keyed
 noise at their position (core/noise.py), so its first child is the target's token whenever the
 draft's perturbed choice agrees with the target's.
+
+A static tree may have a confidence floor (`Drafter.floor`): a node whose path probability under
+the draft (the product of q along it, without noise) is below it is not verified, and a level
+whose every node is below it is not drafted. The draft's confidence tracks acceptance closely
+(EAGLE-2), so where the head is unsure a step drafts less and verifies fewer tokens, and where it
+is sure it drafts the whole tree. Which nodes are verified never changes an output: every tree
+is verified exactly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -52,15 +60,17 @@ class _Growth:
         self.tokens = [root]
         self.parents = [-1]
         self.scores = [0.0]
+        self.conf = [0.0]  # log of the path's probability under q (no noise): what the floor reads
         self.depths = [0]
         self.out = {0: root_feature}  # node -> head output (predicted feature whose LM head gives its children)
         self.slots: list[int] = []    # nodes in head-cache order (processed tree nodes)
         self.device = device
 
-    def add(self, token: int, parent: int, score: float) -> int:
+    def add(self, token: int, parent: int, score: float, logq: float | None = None) -> int:
         self.tokens.append(token)
         self.parents.append(parent)
         self.scores.append(score)
+        self.conf.append(self.conf[parent] + (score - self.scores[parent] if logq is None else logq))
         self.depths.append(self.depths[parent] + 1)
         return len(self.tokens) - 1
 
@@ -100,10 +110,15 @@ class EagerHeadSteps:
 
 
 class Drafter:
-    def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None):
+    def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0):
         """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
         target token ids an EAGLE-1 draft may propose (a reduced vocabulary, FR-Spec style), or None
-        for the full vocabulary; an EAGLE-3 head brings its own."""
+        for the full vocabulary; an EAGLE-3 head brings its own. floor: a static tree's confidence
+        floor (module docstring; 0 = the whole tree every step)."""
+        if not 0.0 <= floor < 1.0:
+            raise ValueError(f"the draft floor is a probability in [0, 1), got {floor}")
+        self.floor = floor
+        self._pruned: dict[tuple[int, ...], TreeBuffers] = {}  # kept nodes -> their tree's buffers
         self.head = head.eval()
         self.target = target
         self.tree = tree
@@ -180,8 +195,7 @@ class Drafter:
         if isinstance(self.tree, StaticTree):
             self._grow_static(state, growths, base, noise)
             state.rows.crop(base)  # forget the pairs built from predicted features
-            return [DraftTree(torch.tensor(g.tokens, dtype=torch.long, device=device), self.tree.buffers)
-                    for g in growths]
+            return [self._floored(g, device) for g in growths]
         keeps = self._grow_dynamic(state, growths, base, noise)
         state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
@@ -234,18 +248,41 @@ class Drafter:
 
     def _grow_static(self, state: DraftState, growths: list[_Growth], base: int,
                      noise: list[DraftNoise | None] | None) -> None:
+        floor = math.log(self.floor) if self.floor > 0 else -math.inf
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
+                if all(g.conf[n] < floor for g in growths for n in expand):
+                    return  # no row would verify this level's children: it is not drafted
                 self._expand(state, growths, [expand] * len(growths), base)
-            logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
-            logp = self._ranked(logp, noise, d)
+            q = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
+            logp = self._ranked(q, noise, d)
             top_lp, top_ids = logp.topk(self._k, dim=-1)  # [B, E, k]
-            top_lp, top_ids = top_lp.tolist(), self._to_target_ids(top_ids).tolist()
+            top_q = top_lp if logp is q else q.gather(-1, top_ids)
+            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids).tolist()
             row = {n: i for i, n in enumerate(expand)}
-            for g, lp, ids in zip(growths, top_lp, top_ids):
+            for g, lp, lq, ids in zip(growths, top_lp, top_q, top_ids):
                 for child, par, rank in children:
-                    node = g.add(ids[row[par]][rank], par, g.scores[par] + lp[row[par]][rank])
+                    i = row[par]
+                    node = g.add(ids[i][rank], par, g.scores[par] + lp[i][rank], lq[i][rank])
                     assert node == child, "static tree levels must be contiguous and ordered"
+
+    def _floored(self, g: _Growth, device) -> DraftTree:
+        """The static tree's nodes this row verifies: all of them, or those at or above the floor
+        (closed under parents, since q's path probability only falls along a path; renumbered in
+        the tree's order). The buffers of each kept set are built once and kept."""
+        tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
+        if self.floor <= 0:
+            return DraftTree(tokens, self.tree.buffers)
+        floor = math.log(self.floor)
+        keep = tuple(n for n, c in enumerate(g.conf) if n == 0 or c >= floor)
+        if len(keep) == self.tree.num_nodes:
+            return DraftTree(tokens, self.tree.buffers)
+        buffers = self._pruned.get(keep)
+        if buffers is None:
+            index = {old: new for new, old in enumerate(keep)}
+            parents = torch.tensor([-1] + [index[g.parents[n]] for n in keep[1:]], dtype=torch.long)
+            buffers = self._pruned[keep] = buffers_from_parents(parents)
+        return DraftTree(tokens[list(keep)], buffers)
 
     def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
                       noise: list[DraftNoise | None] | None) -> list[torch.Tensor]:

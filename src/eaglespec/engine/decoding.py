@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..core.config import DEFAULT_SAMPLING_MODE, REPRODUCIBLE, SPECULATIVE, DynamicTreeSpec, SamplingParams, parse_tree
+from ..core.tree import StaticTree
 from ..core.verify import Acceptance
 from ..draft.drafter import Drafter, DraftTree
 from ..draft.head import EagleHead
@@ -102,6 +103,8 @@ class EagleGenerator:
         self.numerics_note = ""  # what dtype 'auto' chose and why
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
+        self.draft_floor: float | None = None  # a static tree's confidence floor; None: the tuned one for auto
+        self._warming = False  # inside `warm`: every tree drafted whole
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
@@ -112,7 +115,8 @@ class EagleGenerator:
                         device: str = "cpu", dtype: torch.dtype | str | None = None,
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
                         max_batch: int = 1, quantize: str | None = None,
-                        allow_inexact: bool = False, compile: str | None = None) -> "EagleGenerator":
+                        allow_inexact: bool = False, compile: str | None = None,
+                        draft_floor: float | None = None) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
@@ -128,9 +132,13 @@ class EagleGenerator:
         summation order ("lossless up to floating-point rounding"; numerics.py). compile: 'auto'
         (where a C++ compiler is there; eager on CUDA), 'on', 'off' (eager kernels), or None: the
         EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
+        draft_floor: a static tree's confidence floor in [0, 1) (draft/drafter.py; `floor_for`), or
+        None: the tuned one with tree='auto', 0 (the whole tree) otherwise.
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
+        if draft_floor is not None and not 0 <= draft_floor < 1:
+            raise EagleError(f"draft_floor={draft_floor}: give a probability in [0, 1) (0 drafts the whole tree every step)")
         from ..draft.heads import inspect_head
         from ..draft.shipped import default_head_dir, named_head_dir
         from ..draft.vocab import check_draft_vocab
@@ -205,6 +213,7 @@ class EagleGenerator:
                   head_dir=head_dir)
         gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
         gen.inexact_trees = allow_inexact
+        gen.draft_floor = draft_floor
         if tree == "auto":
             limit = None if allow_inexact or numerics is None else numerics.tree_limit()
             use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
@@ -225,19 +234,37 @@ class EagleGenerator:
         prompt = list(range(1, 9))
         trees = [*([t for _, t in self.tuned.trees] if self.tuned is not None else [self.tree]), *trees]
         drafts = [t for t in dict.fromkeys(trees) if t is not None and (self.head is not None or self.drafter is not None)]
+        drafts += self._floored_sizes(drafts)
         built = {steps.cache_bucket(len(prompt) + 3)}  # the short generations at the end build this one
-        for context in sorted(contexts, reverse=True):  # the longest context of each bucket
-            if steps.cache_bucket(context) in built:
-                continue
-            built.add(steps.cache_bucket(context))
-            budget = max(context - len(prompt), 3)  # the cache is sized for the whole budget: a few steps build it
-            for tree in [None, *drafts]:
-                for _ in itertools.islice(self.stream(prompt, budget, tree=tree, speculative=tree is not None,
-                                                      stop_token_ids=set()), 3):
-                    pass
-        self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
-        for tree in drafts:
-            self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
+        self._warming = True  # whole trees: a confidence floor would cut them short of their widths
+        try:
+            for context in sorted(contexts, reverse=True):  # the longest context of each bucket
+                if steps.cache_bucket(context) in built:
+                    continue
+                built.add(steps.cache_bucket(context))
+                budget = max(context - len(prompt), 3)  # the cache is sized for the whole budget: a few steps build it
+                for tree in [None, *drafts]:
+                    for _ in itertools.islice(self.stream(prompt, budget, tree=tree, speculative=tree is not None,
+                                                          stop_token_ids=set()), 3):
+                        pass
+            self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
+            for tree in drafts:
+                self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
+        finally:
+            self._warming = False
+
+    def _floored_sizes(self, trees: list) -> list:
+        """A chain for each smaller verification width that a static tree with a confidence floor
+        may verify (the floor cuts it to fewer nodes), so that those graphs are built with the
+        rest; --tree auto's trees need none (its smaller trees are warmed already)."""
+        from .compiled import QUERY_BUCKETS, bucket
+
+        tuned = [t for _, t in self.tuned.trees] if self.tuned is not None else []
+        widths = set()
+        for tree in trees:
+            if isinstance(tree, StaticTree) and self.floor_for(tree) > 0 and not any(tree is t for t in tuned):
+                widths |= {b for b in QUERY_BUCKETS if 2 <= b < bucket(tree.num_nodes, QUERY_BUCKETS)}
+        return [parse_tree(f"chain:{b - 1}") for b in sorted(widths)]
 
     @torch.no_grad()
     def warm_batches(self, max_batch: int, say: Callable[[str], None] | None = None) -> None:
@@ -340,10 +367,23 @@ class EagleGenerator:
             return self.drafter
         if self.head is None:
             return None
-        key = str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths
+        floor = self.floor_for(tree)
+        key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor)
         if key not in self._drafters:
-            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab)
+            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor)
         return self._drafters[key]
+
+    def floor_for(self, tree) -> float:
+        """The confidence floor `tree` drafts with (draft/drafter.py): `draft_floor` when set (static
+        trees only), else the tuned one for --tree auto's trees, else 0 (the whole tree)."""
+        if not isinstance(tree, StaticTree) or self._warming:
+            return 0.0
+        if self.draft_floor is not None:
+            return self.draft_floor
+        tuned = self.tuned
+        if tuned is None or not any(tree is t for _, t in tuned.trees):
+            return 0.0
+        return round(tuned.floor, 3)
 
     def new_batch(self, tree="default", speculative: bool = True) -> Batch:
         """An empty batch that sequences join (`Batch.add`) and step together. With the generator's
@@ -361,7 +401,7 @@ class EagleGenerator:
 
             def report(size: int, stats: list[StepStats]) -> None:
                 if size == 1:
-                    policy.observe(stats[0].emitted)
+                    policy.observe(stats[0].emitted, policy.step_cost(stats[0].tree_size))
         elif sized is not None:
             choose = sized
         return Batch(self.target, drafter, choose, report)

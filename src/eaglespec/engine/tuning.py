@@ -386,6 +386,18 @@ class TunedTree:
                 tree = choice.tree
         return tree
 
+    @property
+    def floor(self) -> float:
+        """The confidence floor the tuned trees draft with (draft/drafter.py): one more level of
+        drafts pays when the chance that it is accepted, read from the draft's own probabilities,
+        exceeds what the level costs in tokens at the speed being earned, its drafting time over a
+        vanilla step's times the predicted speedup (the verification of a few more tokens costs
+        little on the compiled curve, and is left out). At most FLOOR_MAX."""
+        n = self.tree.num_nodes - 1
+        draft = next(row[2] for row in self.table if row[0] == n)
+        per_level = draft / max(self.tree.depth, 1)
+        return min(FLOOR_MAX, per_level / self.vanilla * max(self.predicted_speedup, 1.0))
+
     def describe(self) -> str:
         """What was chosen and why: two lines, more for batches and when drafting is predicted to lose."""
         paths = [list(p) for p in self.tree.paths]
@@ -393,7 +405,8 @@ class TunedTree:
         draft, verify = next((row[2], row[3]) for row in self.table if row[0] == n)
         text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} for a step "
                 f"costing {(draft + verify) / self.vanilla:.2f}x a vanilla step: predicted speedup "
-                f"{self.predicted_speedup:.2f}x; paths {paths}")
+                f"{self.predicted_speedup:.2f}x; paths {paths}; nodes the draft gives less than "
+                f"{self.floor:.2f} are not drafted")
         if self.by_batch:
             text += "\nauto tree by batch size: " + ", ".join(
                 f"{c.batch}: {'no drafts' if c.tree is None else f'{c.tree.num_nodes - 1} nodes'} "
@@ -407,6 +420,7 @@ class TunedTree:
 
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
+FLOOR_MAX = 0.5  # the tuned confidence floor's cap: above it a tree would rarely draft past depth 1
 
 
 class AdaptiveTree:
@@ -436,6 +450,7 @@ class AdaptiveTree:
         self.probing = False           # the current window is a probe from vanilla
         self.steps = self.emitted = 0
         self.history: list[int] = [start]  # the levels taken, in order (said by tests and bench)
+        self._level_cost = 0.0  # seconds of one level of drafting (from_tuned: the tuned tree's)
 
     @classmethod
     def from_tuned(cls, tuned: "TunedTree", **kwargs) -> "AdaptiveTree":
@@ -444,11 +459,26 @@ class AdaptiveTree:
         for n, tau, draft, verify, _ in sorted(tuned.table):
             ladder.append((trees.get(n), tau, draft + verify))
         start = next(i for i, row in enumerate(ladder) if row[0] is tuned.tree)
-        return cls(ladder, tuned.vanilla, start, **kwargs)
+        policy = cls(ladder, tuned.vanilla, start, **kwargs)
+        n = tuned.tree.num_nodes - 1
+        policy._level_cost = next(row[2] for row in tuned.table if row[0] == n) / max(tuned.tree.depth, 1)
+        return policy
 
     @property
     def tree(self):
         return self.ladder[self.level][0]
+
+    def step_cost(self, verified: int) -> float | None:
+        """The predicted seconds of a step of the current tree that verified `verified` tokens (root
+        included) after drafting fewer of its levels: the ladder's tree of verified - 1 nodes, or a
+        vanilla step and one level of drafting when only the root is verified. None: the whole
+        tree, or nothing to go by."""
+        tree, _, full = self.ladder[self.level]
+        if tree is None or verified >= tree.num_nodes:
+            return None
+        if verified <= 1:
+            return self.vanilla + self._level_cost
+        return next((cost for t, _, cost in self.ladder if t is not None and t.num_nodes == verified), None)
 
     def _move(self, level: int) -> None:
         if level != self.level:  # staying keeps the evidence: a tree is judged on all its steps so far
@@ -456,11 +486,14 @@ class AdaptiveTree:
             self.history.append(level)
             self.steps = self.emitted = 0
 
-    def observe(self, emitted: int) -> None:
-        """One step of a lone sequence that emitted `emitted` tokens with the current tree."""
+    def observe(self, emitted: int, cost: float | None = None) -> None:
+        """One step of a lone sequence that emitted `emitted` tokens with the current tree. cost:
+        the step's predicted seconds when it verified less than the whole tree (a confidence
+        floor): the tree is then judged at the speed it earns, its tokens counted at the whole
+        tree's cost."""
         self.steps += 1
-        self.emitted += emitted
-        tree, tau_predicted, _ = self.ladder[self.level]
+        tree, tau_predicted, full = self.ladder[self.level]
+        self.emitted += emitted if cost is None or tree is None else emitted * full / cost
         if tree is None:
             if self.steps >= self.probe_wait:
                 self.probing = True
