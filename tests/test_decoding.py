@@ -100,6 +100,8 @@ def test_the_floor_is_tuned_for_auto_trees_and_off_for_others():
     with pytest.raises(ValueError, match="probability in"):
         gen.draft_floor = 1.0
         gen._drafter(gen.tree)
+    with pytest.raises(EagleError, match=r"^draft_floor=2: give a probability in \[0, 1\)"):
+        EagleGenerator.from_pretrained(draft_floor=2)  # refused before anything loads
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -170,6 +170,8 @@ def test_the_cli_says_which_head_file_is_bad(head_dir, no_target, capsys, case, 
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--tree", "dynamic:4,4"], "dynamic:4,4,12"),
+    (["generate", "--draft-floor", "1.5"], "--draft-floor 1.5: give a probability in [0, 1)"),
+    (["bench", "--draft-floor", "-0.1"], "--draft-floor -0.1: give a probability in [0, 1)"),
     (["generate", "--device", "banana"], "not a device"),
     pytest.param(["generate", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
