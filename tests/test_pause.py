@@ -15,7 +15,9 @@ from eaglespec import pause
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(pause, "POLL_S", 0.05)
-    return tmp_path / "cache"
+    pause.idle()  # a lock another test's job left in this process (on another cache folder)
+    yield tmp_path / "cache"
+    pause.idle()
 
 
 def holding_process(cache):
@@ -178,3 +180,26 @@ def test_a_job_that_benchmarks_itself_does_not_wait_for_its_own_step(cache, monk
     assert pause._busy_fd is not None
     pause.idle()
     assert pause._busy_fd is None
+
+
+def test_a_forked_child_does_not_keep_the_jobs_lock(cache, monkeypatch):
+    """After fork the child drops its copy of the busy lock: the parent's idle() frees the machine."""
+    import fcntl
+
+    pause.wait_if_paused()  # this process works a unit
+    ready, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (its fork hooks have run): says so, then sleeps holding what it kept
+        os.write(told, b"x")
+        time.sleep(1.0)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"x"
+        pause.idle()
+        fd = os.open(cache / pause.BUSY_FILE, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free although the child still runs
+        finally:
+            os.close(fd)
+    finally:
+        os.waitpid(pid, 0)

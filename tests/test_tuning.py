@@ -406,6 +406,7 @@ def test_a_step_cut_by_the_confidence_floor_is_judged_at_what_it_cost():
     policy = AdaptiveTree.from_tuned(tuned)
     assert policy.step_cost(4) is None  # the whole tree: the ladder's own cost
     assert policy.step_cost(2) == 0.011  # two tokens verified: the ladder's 1-node tree
+    assert policy.step_cost(3) == 0.012  # three: no 2-node tree on the ladder, so the next width up
     assert policy.step_cost(1) == pytest.approx(0.010 + 0.0015)  # the root alone: a vanilla step and one level
     plain = AdaptiveTree.from_tuned(tuned)
     # six steps verify the root alone (1 token, 11.5 ms) and two verify two tokens (2 tokens, 11 ms):

@@ -119,6 +119,18 @@ def _work() -> None:
     _busy_fd = fd
 
 
+def _forget_in_child() -> None:
+    """A forked child shares the parent's lock on BUSY_FILE; closing its copy leaves the parent's."""
+    global _busy_fd
+    if _busy_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(_busy_fd)
+        _busy_fd = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def idle() -> None:
     """This process does no pausable work for now (it is paused, done, or about to run a phase
     that never checks `wait_if_paused`): a benchmark need not wait for it."""
@@ -180,10 +192,11 @@ def hold_machine():
             mine = True
     except OSError:  # a read-only cache: benchmarks still run, unprotected
         pass
-    if _holds == 0 and fd is not None:
-        _settle(_stderr)
+    settle = _holds == 0 and fd is not None
     _holds += 1
     try:
+        if settle:  # inside the try: an interrupt while it waits still drops the lock
+            _settle(_stderr)
         yield
     finally:
         _holds -= 1

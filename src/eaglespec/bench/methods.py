@@ -66,8 +66,10 @@ class LoopMethod:
         self.gen, self.name, self.tree = gen, name, tree
         self.kind = "baseline" if tree is None else "lossless"
         self.spec = "no drafter" if tree is None else name
-        if name in ("auto", AUTO_FIXED, AUTO_WHOLE):  # the tuned tree itself: a resumed run must use the same one
+        if name in ("auto", AUTO_FIXED, AUTO_WHOLE):  # the tuned tree and floor: a resumed run must use the same
             self.spec = f"{name}: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
+            floor = 0.0 if name == AUTO_WHOLE else gen.floor_for(tree)
+            self.spec += f", floor {floor:g}" if floor > 0 else ""
         self.depth = int(getattr(tree, "depth", 0) or 0)
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:

@@ -23,9 +23,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
     p.add_argument("--draft-floor", type=float, default=None, metavar="P",
-                   help="a static tree's confidence floor: nodes whose path probability under the draft is below P "
-                        "are not drafted or verified (0 = the whole tree every step); default: tuned from the cost "
-                        "curve with --tree auto, 0 with other trees; dynamic trees keep their N best")
+                   help="a static tree's confidence floor for a lone sequence: nodes whose path probability under "
+                        "the draft is below P are not verified, nor levels without one above it drafted (0 = the "
+                        "whole tree every step); default: tuned from the cost curve with --tree auto, 0 with other "
+                        "trees; dynamic trees and batches of several sequences draft whole trees")
     p.add_argument("--retune", action="store_true",
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")
@@ -135,5 +136,5 @@ def load_generator(args, max_batch: int = 1):
             where += f" (format: {detect_format(gen.head_dir)})"
         print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
     if gen.tuned is not None:
-        print(gen.tuned.describe(), file=sys.stderr)
+        print(gen.tuned.describe(gen.floor_for(gen.tuned.tree)), file=sys.stderr)
     return gen

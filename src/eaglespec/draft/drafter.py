@@ -10,12 +10,15 @@ In reproducible sampling a row's children are ranked by q perturbed with the tar
 noise at their position (core/noise.py), so its first child is the target's token whenever the
 draft's perturbed choice agrees with the target's.
 
-A static tree may have a confidence floor (`Drafter.floor`): a node whose path probability under
-the draft (the product of q along it, without noise) is below it is not verified, and a level
-whose every node is below it is not drafted. The draft's confidence tracks acceptance closely
-(EAGLE-2), so where the head is unsure a step drafts less and verifies fewer tokens, and where it
-is sure it drafts the whole tree. Which nodes are verified never changes an output: every tree
-is verified exactly.
+A static tree may have a confidence floor (`Drafter.floor`), used when one sequence drafts alone:
+a node whose path probability under the draft (the product of q along it, without noise) is below
+it is not verified, and a level none of whose nodes reaches it is not drafted (a node below the
+floor on a level drafted for its siblings is drafted, then dropped). The draft's confidence tracks
+acceptance closely (EAGLE-2), so where the head is unsure a step drafts less and verifies fewer
+tokens, and where it is sure it drafts the whole tree. Which nodes are verified never changes an
+output: every tree is verified exactly. A batch of several sequences drafts its trees whole: the
+rows share each level's head forward and one verification width, so cutting one row saves little,
+and the widths a batch verifies stay the few `warm_batches` builds.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from ..core.config import DynamicTreeSpec
 from ..core.noise import DraftNoise, perturbed_logprobs
 from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
 from ..engine.kv_cache import RowCache
+
+
+PRUNED_KEPT = 256  # a floored tree's kept node sets whose buffers a drafter keeps (then starts over)
 
 
 @dataclass(frozen=True)
@@ -185,17 +191,18 @@ class Drafter:
         states at t, as `hidden_layers` asks) are the real pairs not yet in the head cache, the last
         pair ending with the root token. Every row's tree has the same shape (the static tree, or
         the dynamic tree's top-k frontier per depth), so each depth is one head forward for the
-        whole batch. noise[r]: a reproducible row's keyed noise (None: rank by q). Returns each
-        row's tree rooted at roots[r]."""
+        whole batch. noise[r]: a reproducible row's keyed noise (None: rank by q). The confidence
+        floor applies to one row alone. Returns each row's tree rooted at roots[r]."""
         device = new_features[0].device
         counts = [t.numel() for t in new_tokens]
         out = self._absorb(state, new_tokens, new_features)
         growths = [_Growth(root, out[r, counts[r] - 1], device) for r, root in enumerate(roots)]
         base = state.rows.length
         if isinstance(self.tree, StaticTree):
-            self._grow_static(state, growths, base, noise)
+            floor = self.floor if len(roots) == 1 else 0.0  # a batch of several drafts its trees whole
+            self._grow_static(state, growths, base, noise, floor)
             state.rows.crop(base)  # forget the pairs built from predicted features
-            return [self._floored(g, device) for g in growths]
+            return [self._floored(g, device, floor) for g in growths]
         keeps = self._grow_dynamic(state, growths, base, noise)
         state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
@@ -247,8 +254,8 @@ class Drafter:
             g.slots.extend(ns)
 
     def _grow_static(self, state: DraftState, growths: list[_Growth], base: int,
-                     noise: list[DraftNoise | None] | None) -> None:
-        floor = math.log(self.floor) if self.floor > 0 else -math.inf
+                     noise: list[DraftNoise | None] | None, floor: float = 0.0) -> None:
+        floor = math.log(floor) if floor > 0 else -math.inf
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
                 if all(g.conf[n] < floor for g in growths for n in expand):
@@ -266,19 +273,21 @@ class Drafter:
                     node = g.add(ids[i][rank], par, g.scores[par] + lp[i][rank], lq[i][rank])
                     assert node == child, "static tree levels must be contiguous and ordered"
 
-    def _floored(self, g: _Growth, device) -> DraftTree:
+    def _floored(self, g: _Growth, device, floor: float) -> DraftTree:
         """The static tree's nodes this row verifies: all of them, or those at or above the floor
         (closed under parents, since q's path probability only falls along a path; renumbered in
-        the tree's order). The buffers of each kept set are built once and kept."""
+        the tree's order). The buffers of the kept sets seen lately are kept (at most PRUNED_KEPT)."""
         tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
-        if self.floor <= 0:
+        if floor <= 0:
             return DraftTree(tokens, self.tree.buffers)
-        floor = math.log(self.floor)
+        floor = math.log(floor)
         keep = tuple(n for n, c in enumerate(g.conf) if n == 0 or c >= floor)
         if len(keep) == self.tree.num_nodes:
             return DraftTree(tokens, self.tree.buffers)
         buffers = self._pruned.get(keep)
         if buffers is None:
+            if len(self._pruned) >= PRUNED_KEPT:
+                self._pruned.clear()
             index = {old: new for new, old in enumerate(keep)}
             parents = torch.tensor([-1] + [index[g.parents[n]] for n in keep[1:]], dtype=torch.long)
             buffers = self._pruned[keep] = buffers_from_parents(parents)

@@ -10,6 +10,7 @@ entries and features are kept, and the target's next token (bonus or recovered) 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import warnings
@@ -104,7 +105,7 @@ class EagleGenerator:
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
         self.draft_floor: float | None = None  # a static tree's confidence floor; None: the tuned one for auto
-        self._warming = False  # inside `warm`: every tree drafted whole
+        self._whole = False  # inside `whole_trees`: every static tree drafted whole
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
@@ -236,8 +237,7 @@ class EagleGenerator:
         drafts = [t for t in dict.fromkeys(trees) if t is not None and (self.head is not None or self.drafter is not None)]
         drafts += self._floored_sizes(drafts)
         built = {steps.cache_bucket(len(prompt) + 3)}  # the short generations at the end build this one
-        self._warming = True  # whole trees: a confidence floor would cut them short of their widths
-        try:
+        with self.whole_trees():  # a confidence floor would cut the trees short of their widths
             for context in sorted(contexts, reverse=True):  # the longest context of each bucket
                 if steps.cache_bucket(context) in built:
                     continue
@@ -250,13 +250,12 @@ class EagleGenerator:
             self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
             for tree in drafts:
                 self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
-        finally:
-            self._warming = False
 
     def _floored_sizes(self, trees: list) -> list:
-        """A chain for each smaller verification width that a static tree with a confidence floor
-        may verify (the floor cuts it to fewer nodes), so that those graphs are built with the
-        rest; --tree auto's trees need none (its smaller trees are warmed already)."""
+        """A chain for each smaller verification width that a lone sequence's static tree with a
+        confidence floor may verify (the floor cuts it to fewer nodes), so that those graphs are
+        built with the rest (the chains' own head steps too: a few more, seconds each); --tree
+        auto's trees need none (its smaller trees are warmed already)."""
         from .compiled import QUERY_BUCKETS, bucket
 
         tuned = [t for _, t in self.tuned.trees] if self.tuned is not None else []
@@ -373,10 +372,20 @@ class EagleGenerator:
             self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor)
         return self._drafters[key]
 
+    @contextlib.contextmanager
+    def whole_trees(self):
+        """Inside the block every static tree is drafted whole, whatever the floor: for warming up
+        (every width must be built) and calibration (which reads each node's rank and depth)."""
+        before, self._whole = self._whole, True
+        try:
+            yield
+        finally:
+            self._whole = before
+
     def floor_for(self, tree) -> float:
         """The confidence floor `tree` drafts with (draft/drafter.py): `draft_floor` when set (static
         trees only), else the tuned one for --tree auto's trees, else 0 (the whole tree)."""
-        if not isinstance(tree, StaticTree) or self._warming:
+        if not isinstance(tree, StaticTree) or self._whole:
             return 0.0
         if self.draft_floor is not None:
             return self.draft_floor

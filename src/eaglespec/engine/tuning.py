@@ -94,9 +94,10 @@ def calibrate(gen, prompts: list[list[int]], max_new_tokens: int = 128, stop_tok
                 trials[d, r] += 1
                 hits[d, r] += tokens[node] == choice[parents[node]]
 
-    for ids in prompts:
-        for _ in gen.stream(ids, max_new_tokens, tree=tree, stop_token_ids=stop_token_ids, observe=observe):
-            pass
+    with gen.whole_trees():  # observe reads each node's rank and depth in the whole tree
+        for ids in prompts:
+            for _ in gen.stream(ids, max_new_tokens, tree=tree, stop_token_ids=stop_token_ids, observe=observe):
+                pass
     # unseen cells (deep levels rarely reached) borrow the level above, discounted
     p = hits / trials.clamp(min=1)
     for d in range(1, CALIBRATION_DEPTH):
@@ -398,15 +399,18 @@ class TunedTree:
         per_level = draft / max(self.tree.depth, 1)
         return min(FLOOR_MAX, per_level / self.vanilla * max(self.predicted_speedup, 1.0))
 
-    def describe(self) -> str:
-        """What was chosen and why: two lines, more for batches and when drafting is predicted to lose."""
+    def describe(self, floor: float | None = None) -> str:
+        """What was chosen and why: two lines, more for batches and when drafting is predicted to lose.
+        floor: the confidence floor in use when not the tuned one (--draft-floor)."""
+        floor = self.floor if floor is None else floor
         paths = [list(p) for p in self.tree.paths]
         n = self.tree.num_nodes - 1
         draft, verify = next((row[2], row[3]) for row in self.table if row[0] == n)
         text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} for a step "
                 f"costing {(draft + verify) / self.vanilla:.2f}x a vanilla step: predicted speedup "
-                f"{self.predicted_speedup:.2f}x; paths {paths}; nodes the draft gives less than "
-                f"{self.floor:.2f} are not drafted")
+                f"{self.predicted_speedup:.2f}x; paths {paths}; "
+                + (f"nodes the draft gives less than {floor:.2f} are not verified" if floor > 0
+                   else "the whole tree every step (--draft-floor 0)"))
         if self.by_batch:
             text += "\nauto tree by batch size: " + ", ".join(
                 f"{c.batch}: {'no drafts' if c.tree is None else f'{c.tree.num_nodes - 1} nodes'} "
@@ -470,15 +474,18 @@ class AdaptiveTree:
 
     def step_cost(self, verified: int) -> float | None:
         """The predicted seconds of a step of the current tree that verified `verified` tokens (root
-        included) after drafting fewer of its levels: the ladder's tree of verified - 1 nodes, or a
-        vanilla step and one level of drafting when only the root is verified. None: the whole
-        tree, or nothing to go by."""
+        included) after drafting fewer of its levels: the cheapest tree of the ladder that verifies
+        at least as many, or a vanilla step and one level of drafting when only the root is
+        verified (also a generation's last step, which drafts and drops its tree: one step in a
+        generation, left uncorrected). None: the whole tree."""
         tree, _, full = self.ladder[self.level]
         if tree is None or verified >= tree.num_nodes:
             return None
         if verified <= 1:
             return self.vanilla + self._level_cost
-        return next((cost for t, _, cost in self.ladder if t is not None and t.num_nodes == verified), None)
+        # the smallest tree of the ladder that verifies as many: its verification width, or wider
+        return min((cost for t, _, cost in self.ladder if t is not None and verified <= t.num_nodes <= tree.num_nodes),
+                   default=None)
 
     def _move(self, level: int) -> None:
         if level != self.level:  # staying keeps the evidence: a tree is judged on all its steps so far
