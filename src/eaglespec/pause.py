@@ -119,18 +119,6 @@ def _work() -> None:
     _busy_fd = fd
 
 
-def _forget_in_child() -> None:
-    """A forked child shares the parent's lock on BUSY_FILE; closing its copy leaves the parent's."""
-    global _busy_fd
-    if _busy_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(_busy_fd)
-        _busy_fd = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
-
-
 def idle() -> None:
     """This process does no pausable work for now (it is paused, done, or about to run a phase
     that never checks `wait_if_paused`): a benchmark need not wait for it."""
@@ -138,6 +126,10 @@ def idle() -> None:
     if _busy_fd is not None:
         os.close(_busy_fd)  # drops the lock
         _busy_fd = None
+
+
+# a forked child shares the parent's lock on BUSY_FILE: it closes its copy, which leaves the parent's
+os.register_at_fork(after_in_child=idle)
 
 
 def _settle(report: Callable[[str], None]) -> None:

@@ -107,33 +107,26 @@ class EagerVanilla(LoopMethod):
             target.steps = compiled
 
 
-class FixedAuto(LoopMethod):
-    """--tree auto's tuned tree on every step, without tuning.AdaptiveTree moving between sizes:
-    beside `auto`, the difference is what the adaptive policy adds (or costs) on these prompts."""
+class TunedVariant(LoopMethod):
+    """--tree auto's tuned tree with one generator setting changed while it runs: `auto-fixed`
+    (adaptive=False: the tuned tree on every step, without tuning.AdaptiveTree moving between
+    sizes) and `auto-whole` (draft_floor=0: every drafting step drafts its whole tree). Beside
+    `auto`, the difference is what the adaptive policy, or the confidence floor, adds or costs."""
 
-    def __init__(self, gen: EagleGenerator):
-        super().__init__(gen, AUTO_FIXED, gen.tree)
+    SETTINGS = {AUTO_FIXED: ("adaptive", False), AUTO_WHOLE: ("draft_floor", 0.0)}
+
+    def __init__(self, gen: EagleGenerator, name: str):
+        super().__init__(gen, name, gen.tree)
+        self.setting = self.SETTINGS[name]
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
-        adaptive, self.gen.adaptive = self.gen.adaptive, False
+        attr, value = self.setting
+        before = getattr(self.gen, attr)
+        setattr(self.gen, attr, value)
         try:
             return super().run(input_ids, max_new_tokens, sampling)
         finally:
-            self.gen.adaptive = adaptive
-
-class WholeAuto(LoopMethod):
-    """--tree auto (adaptive) with the confidence floor off: every drafting step verifies its whole
-    tree. Beside `auto`, the difference is what the floor adds (or costs) on these prompts."""
-
-    def __init__(self, gen: EagleGenerator):
-        super().__init__(gen, AUTO_WHOLE, gen.tree)
-
-    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
-        floor, self.gen.draft_floor = self.gen.draft_floor, 0.0
-        try:
-            return super().run(input_ids, max_new_tokens, sampling)
-        finally:
-            self.gen.draft_floor = floor
+            setattr(self.gen, attr, before)
 
 
 class HFMethod:
@@ -196,7 +189,7 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
             if gen.tuned is None:
                 raise EagleError(f"method {name!r} is the tree --tree auto tuned, and this generator has none: "
                                  "run with --tree auto (the default) and a head with acceptance.json")
-            methods.append(FixedAuto(gen) if name == AUTO_FIXED else WholeAuto(gen))
+            methods.append(TunedVariant(gen, name))
         elif name in (HF_GENERATE, HF_PROMPT_LOOKUP):
             if not greedy:
                 notes.append(f"{name} skipped: outside references run greedy only")

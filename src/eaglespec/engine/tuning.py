@@ -394,10 +394,13 @@ class TunedTree:
         exceeds what the level costs in tokens at the speed being earned, its drafting time over a
         vanilla step's times the predicted speedup (the verification of a few more tokens costs
         little on the compiled curve, and is left out). At most FLOOR_MAX."""
+        return min(FLOOR_MAX, self.level_cost / self.vanilla * max(self.predicted_speedup, 1.0))
+
+    @property
+    def level_cost(self) -> float:
+        """Seconds of one level of the tuned tree's drafting (its drafting time over its depth)."""
         n = self.tree.num_nodes - 1
-        draft = next(row[2] for row in self.table if row[0] == n)
-        per_level = draft / max(self.tree.depth, 1)
-        return min(FLOOR_MAX, per_level / self.vanilla * max(self.predicted_speedup, 1.0))
+        return next(row[2] for row in self.table if row[0] == n) / max(self.tree.depth, 1)
 
     def describe(self, floor: float | None = None) -> str:
         """What was chosen and why: two lines, more for batches and when drafting is predicted to lose.
@@ -446,15 +449,16 @@ class AdaptiveTree:
     more than one sequence keep the per-batch-size choice."""
 
     def __init__(self, ladder: list[tuple[object, float, float]], vanilla: float, start: int,
-                 window: int = 8, probe_every: int = 64, max_probe_every: int = 512):
-        """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index."""
+                 window: int = 8, probe_every: int = 64, max_probe_every: int = 512, level_cost: float = 0.0):
+        """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index;
+        level_cost: seconds of one level of drafting (`step_cost` of a step that verified its root alone)."""
         self.ladder, self.vanilla, self.level = ladder, vanilla, start
         self.window, self.probe_every, self.max_probe_every = window, probe_every, max_probe_every
         self.probe_wait = probe_every  # vanilla steps before the next probe
         self.probing = False           # the current window is a probe from vanilla
         self.steps = self.emitted = 0
         self.history: list[int] = [start]  # the levels taken, in order (said by tests and bench)
-        self._level_cost = 0.0  # seconds of one level of drafting (from_tuned: the tuned tree's)
+        self.level_cost = level_cost  # seconds of one level of drafting (from_tuned: the tuned tree's)
 
     @classmethod
     def from_tuned(cls, tuned: "TunedTree", **kwargs) -> "AdaptiveTree":
@@ -463,10 +467,7 @@ class AdaptiveTree:
         for n, tau, draft, verify, _ in sorted(tuned.table):
             ladder.append((trees.get(n), tau, draft + verify))
         start = next(i for i, row in enumerate(ladder) if row[0] is tuned.tree)
-        policy = cls(ladder, tuned.vanilla, start, **kwargs)
-        n = tuned.tree.num_nodes - 1
-        policy._level_cost = next(row[2] for row in tuned.table if row[0] == n) / max(tuned.tree.depth, 1)
-        return policy
+        return cls(ladder, tuned.vanilla, start, level_cost=tuned.level_cost, **kwargs)
 
     @property
     def tree(self):
@@ -482,7 +483,7 @@ class AdaptiveTree:
         if tree is None or verified >= tree.num_nodes:
             return None
         if verified <= 1:
-            return self.vanilla + self._level_cost
+            return self.vanilla + self.level_cost
         # the smallest tree of the ladder that verifies as many: its verification width, or wider
         return min((cost for t, _, cost in self.ladder if t is not None and verified <= t.num_nodes <= tree.num_nodes),
                    default=None)
