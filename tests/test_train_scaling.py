@@ -2,6 +2,7 @@
 growing capture, trains each point on one held-out split, measures every set once, keeps results
 after every step, and resumes."""
 
+import argparse
 import json
 import threading
 
@@ -10,6 +11,8 @@ import pytest
 from eaglespec.errors import EagleError
 from eaglespec.train import scaling
 from eaglespec.train.capture import FORMAT, MANIFEST
+from eaglespec.train.cli import add_train_parser
+from eaglespec.train.config import TrainConfig, config_from_args
 
 
 def write_manifest(capture, examples, complete=False):
@@ -139,3 +142,18 @@ def test_the_baseline_head_is_measured_once_on_the_same_sets(tmp_path):
     assert set(got["baseline"]["smollm2-135m-instruct"]) == {"mt-bench", "humaneval-40", "tasks"}
     run()
     assert len(fakes.measured) == 6
+
+
+@pytest.mark.parametrize("name", sorted(scaling.LEVERS))
+def test_each_lever_is_a_real_train_option_and_changes_only_its_own_value(name, tmp_path):
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+
+    def config(recipe):
+        return config_from_args(TrainConfig, parser.parse_args(["train", "--capture-dir", str(tmp_path),
+                                                                "--out", str(tmp_path / "h"), *recipe]))
+
+    base, lever = config(list(scaling.RECIPE)), config(scaling._recipe(scaling.RECIPE, scaling.LEVERS[name]))
+    changed = {f for f in vars(base) if getattr(base, f) != getattr(lever, f)}
+    assert len(changed) == 1, (name, changed)
+    config(list(scaling.EAGLE3_RECIPE))  # the EAGLE-3 recipe parses too

@@ -11,8 +11,8 @@ that a lost machine loses at most the point in progress. Every step resumes: tra
 checkpoint, a measured set is not measured again.
 
 `--levers` trains variants of the recipe at one point (`--lever-point`, on the same split), one
-option changed each (LEVERS: epochs, peak learning rate, warm-up, the token loss's vocabulary,
-noise), and measures each on the held-out split and MT-bench, into the same file under "levers".
+option changed each (LEVERS: epochs, peak learning rate, warm-up, the token loss's vocabulary
+and weight, noise), and measures each on the held-out split and MT-bench, into the same file under "levers".
 `--eagle3 K` trains the EAGLE-3 head of point K (training-time test, EAGLE3_RECIPE) from the same
 capture, which must hold the fused layers (`capture --aux-layers auto`), measured like a point.
 Acceptance is measured on the eager kernels (`--compile off`): tau does not depend on them, and
@@ -50,6 +50,10 @@ LEVERS = {
     "noise-0": ("--noise", "0"),
     "noise-0.2": ("--noise", "0.2"),
     "loss-vocab-full": ("--loss-vocab", "49152"),  # every token of SmolLM2's vocabulary: the paper's loss
+    # The token loss's weight (the paper's 0.1): drafts are scored by top-1 agreement, which the token loss
+    # trains directly; the feature loss keeps the features the head feeds itself at deeper levels.
+    "token-weight-0.5": ("--token-loss-weight", "0.5"),
+    "token-weight-1": ("--token-loss-weight", "1"),
 }
 # EAGLE-3 (training-time test of 7 steps): the ablation's recipe (docs/training.md), the same 5 epochs.
 EAGLE3_RECIPE = ("--head", "eagle3", "--epochs", "5", "--lr", "1e-3", "--grad-accum", "4", "--warmup", "20",
