@@ -224,11 +224,6 @@ class TargetModel:
                            output_hidden_states=layers is not None)
         return TargetStates(out.last_hidden_state, self._fuse(out, layers))
 
-    def check_layers(self, layers: tuple[int, ...] | None, what: str) -> None:
-        n = self.config.num_hidden_layers
-        if layers is not None and not all(0 <= i < n for i in layers):
-            raise EagleError(f"{what}: layer ids {list(layers)} must be in 0..{n - 1} (the target has {n} layers)")
-
     # -- load-time proof ----------------------------------------------------------------------
     @torch.no_grad()
     def check_tree_forward(self, seed: int = 0) -> None:

@@ -126,10 +126,6 @@ class Report:
     peak_rss_mb: int | None = None  # set by main: see the module's docstring
     peak_rss_since: str | None = None  # "the load" (reset before it) or "the start"
 
-    def markdown(self, label: str) -> str:
-        return (f"| {label} | {self.requests} | {self.errors} | {self.mismatches} | {self.p50_s:.1f} | "
-                f"{self.p95_s:.1f} | {self.wall_s:.1f} | {self.tokens_per_s:.1f} |")
-
 
 def run(url: str, clients: int = 32, per_client: int = 2, max_tokens: int = 16, timeout: float = 600) -> Report:
     """The load, then each request alone; -> the report."""
