@@ -172,6 +172,7 @@ def test_the_cli_says_which_head_file_is_bad(head_dir, no_target, capsys, case, 
     (["generate", "--tree", "dynamic:4,4"], "dynamic:4,4,12"),
     (["generate", "--draft-floor", "1.5"], "--draft-floor 1.5: give a probability in [0, 1)"),
     (["bench", "--draft-floor", "-0.1"], "--draft-floor -0.1: give a probability in [0, 1)"),
+    (["generate", "--draft-vocab", "-5"], "--draft-vocab -5: give a number of tokens"),
     (["generate", "--device", "banana"], "not a device"),
     pytest.param(["generate", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
@@ -196,3 +197,17 @@ def test_the_cli_refuses_a_text_file_named_gguf_without_a_traceback(tmp_path):
     err = proc.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in proc.stderr
     assert str(path) in err and "not a GGUF file" in err
+
+
+@pytest.mark.parametrize("flags, size", [([], 8192), (["--draft-vocab", "4096"], 4096), (["--draft-vocab", "0"], None)])
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_draft_vocab_option_reaches_the_generator(monkeypatch, capsys, command, flags, size):
+    seen = {}
+
+    def from_pretrained(*args, **kwargs):
+        seen.update(kwargs)
+        raise EagleError("stopped before loading")
+
+    monkeypatch.setattr(EagleGenerator, "from_pretrained", from_pretrained)
+    assert "stopped before loading" in _one_line_error(capsys, [command, "--head", "none", *flags])
+    assert seen["draft_vocab_size"] == size
