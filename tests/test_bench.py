@@ -5,6 +5,7 @@ import argparse
 import json
 
 import pytest
+import torch
 from bench_helpers import AlteredMethod, CountingMethod, tiny_generator, words
 
 from eaglespec.bench import datasets
@@ -304,6 +305,12 @@ def test_resume_refuses_other_settings(gen, tmp_path):
     assert _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1) == 0
     with pytest.raises(EagleError, match="max_new_tokens differ.*another --out"):
         _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1, max_new_tokens=4)
+    before, gen.draft_vocab = gen.draft_vocab, torch.arange(16)  # another draft vocabulary: other speeds
+    try:
+        with pytest.raises(EagleError, match="draft_vocab differ.*another --out"):
+            _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1)
+    finally:
+        gen.draft_vocab = before
     (tmp_path / Journal.NAME).write_text('{"settings"')  # killed while writing its first line: a new run
     assert _execute(gen, methods, tmp_path, plots=False, warmup=False) == 0
     (tmp_path / Journal.NAME).write_text("not json\n")

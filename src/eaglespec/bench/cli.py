@@ -22,7 +22,7 @@ from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, LoopMethod, Method
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
-RESUME_META = ("model", "head", "head_weights", "dtype", "device", "threads", "methods", "versions")
+RESUME_META = ("model", "head", "head_weights", "draft_vocab", "dtype", "device", "threads", "methods", "versions")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -72,11 +72,22 @@ def run_metadata(gen, methods: list[Method], **fields) -> dict:
         "cpus": os.cpu_count(),
         "methods": {m.name: m.spec for m in methods},
         "head_weights": None if gen.head is None else weights_digest(gen.head),
+        "draft_vocab": draft_vocab_rows(gen),
         "versions": {"eaglespec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "platform": platform.platform(),
         **fields,
     }
+
+
+def draft_vocab_rows(gen) -> int | str | None:
+    """What the draft scores: the reduced vocabulary's size, "full", "the head's own" (EAGLE-3), or
+    None without a head."""
+    if gen.head is None:
+        return None
+    if gen.head.own_vocabulary:
+        return "the head's own"
+    return "full" if gen.draft_vocab is None else int(gen.draft_vocab.numel())
 
 
 def execute(gen, questions: list[Question], methods: list[Method], out: Path, meta: dict, *, max_new_tokens: int,
