@@ -430,6 +430,14 @@ BATCH_SIZES = (1, 2, 4, 8, 16)
 FLOOR_MAX = 0.5  # the tuned confidence floor's cap: above it a tree would rarely draft past depth 1
 
 
+# vanilla steps before the first probe: 16 since 2026-12-05 (64 before; docs/benchmarks.md, "The
+# adaptive tree's first probe"). With 64, make run's prompt left the tree after one weak window and
+# never came back; measured side by side (16k head, Zen 4): make run's prompt 1.10x against 0.98x,
+# the task set 1.32x against 1.27x; replayed on traces, MT-bench unchanged and a head that never
+# pays 0.3-0.4% slower (its probes), still within 2.2% of vanilla.
+PROBE_EVERY = 16
+
+
 class AdaptiveTree:
     """--tree auto while decoding alone: keep the tuned tree while it pays, move to a smaller tree
     or to no drafts when it does not, and back when it does.
@@ -449,7 +457,7 @@ class AdaptiveTree:
     more than one sequence keep the per-batch-size choice."""
 
     def __init__(self, ladder: list[tuple[object, float, float]], vanilla: float, start: int,
-                 window: int = 8, probe_every: int = 64, max_probe_every: int = 512, level_cost: float = 0.0):
+                 window: int = 8, probe_every: int = PROBE_EVERY, max_probe_every: int = 512, level_cost: float = 0.0):
         """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index;
         level_cost: seconds of one level of drafting (`step_cost` of a step that verified its root alone)."""
         self.ladder, self.vanilla, self.level = ladder, vanilla, start
