@@ -87,7 +87,7 @@ class Fixed(AdaptiveTree):
 
 def policies():
     for fl in (0.0, 0.05, 0.1, 0.154, 0.2, 0.25, 0.3, 0.4):
-        yield f"probe 16, floor {fl}", (lambda: AdaptiveTree.from_tuned(tuned)), fl
+        yield f"probe 16, floor {fl}", (lambda: AdaptiveTree.from_tuned(tuned, probe_every=16)), fl
         yield f"fixed chain, floor {fl}", (lambda: Fixed.from_tuned(tuned)), fl
 
 

@@ -86,17 +86,18 @@ class Fixed(AdaptiveTree):
 
 def policies():
     ladder_top = len(AdaptiveTree.from_tuned(tuned).ladder) - 1
-    yield "current (window 8, probe 64)", lambda: AdaptiveTree.from_tuned(tuned), True
+    # probe_every given everywhere: the rows before the change used 64, the default of the time
+    yield "current (window 8, probe 64)", lambda: AdaptiveTree.from_tuned(tuned, probe_every=64), True
     yield "fixed chain, floor", lambda: Fixed.from_tuned(tuned), True
     yield "fixed chain, no floor", lambda: Fixed.from_tuned(tuned), False
     for pe in (8, 16, 32):
         yield f"probe {pe}", (lambda pe=pe: AdaptiveTree.from_tuned(tuned, probe_every=pe)), True
     yield "probe 16, max 256", (lambda: AdaptiveTree.from_tuned(tuned, probe_every=16, max_probe_every=256)), True
     yield "probe 16, window 4", (lambda: AdaptiveTree.from_tuned(tuned, probe_every=16, window=4)), True
-    yield "window 16", lambda: AdaptiveTree.from_tuned(tuned, window=16), True
+    yield "window 16", lambda: AdaptiveTree.from_tuned(tuned, window=16, probe_every=64), True
     for k in (8, 16, 32):
         def mk(k=k):
-            pol = Prior.from_tuned(tuned); pol.prior = k; return pol
+            pol = Prior.from_tuned(tuned, probe_every=64); pol.prior = k; return pol
         yield f"prior {k}", mk, True
     for k, pe in ((8, 32), (16, 32)):
         def mk2(k=k, pe=pe):
