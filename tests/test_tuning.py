@@ -419,9 +419,10 @@ def test_a_step_cut_by_the_confidence_floor_is_judged_at_what_it_cost():
     assert policy.level == 2  # at what its steps cost, the tree earns its keep
 
 
-def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong():
-    """A generator whose tuned tree never gets a draft accepted decodes vanilla after one window,
-    and its output stays that of vanilla decoding."""
+def _wrong_generator():
+    """A tiny target's generator whose tuned tree (the fake ladder's 3 nodes) never gets a draft
+    accepted: the oracle's chain, every token shifted off the target's. -> (gen, vanilla output of
+    [5, 6, 7] for 60 tokens)."""
     from conftest import tiny_target
     from oracle import OracleDrafter
 
@@ -436,15 +437,22 @@ def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong
     assert AdaptiveTree.from_tuned(tuned).level == 2
     gen = EagleGenerator(target, None, "none")
     vanilla = gen.generate(input_ids=[5, 6, 7], max_new_tokens=60, speculative=False, stop_token_ids=set()).token_ids
-    class WrongDrafter(OracleDrafter):  # the oracle's chain, every token shifted off the target's
+
+    class WrongDrafter(OracleDrafter):
         def draft_one(self, *args):
             tree = super().draft_one(*args)
             tokens = tree.tokens.clone()
             tokens[1:] = (tokens[1:] + 1) % target.vocab_size
             return type(tree)(tokens, tree.buffers)
 
-    wrong = WrongDrafter(target, [5, 6, 7], [-1, 0, 1, 2])
-    gen.drafter, gen.tuned, gen.tree = wrong, tuned, tuned.tree
+    gen.drafter, gen.tuned, gen.tree = WrongDrafter(target, [5, 6, 7], [-1, 0, 1, 2]), tuned, tuned.tree
+    return gen, vanilla
+
+
+def test_adaptive_tree_in_the_loop_moves_to_vanilla_when_drafts_are_always_wrong():
+    """A generator whose tuned tree never gets a draft accepted decodes vanilla after one window,
+    and its output stays that of vanilla decoding."""
+    gen, vanilla = _wrong_generator()
     out = gen.generate(input_ids=[5, 6, 7], max_new_tokens=60, stop_token_ids=set()).token_ids
     assert out == vanilla
     assert gen.last_policy.history[:2] == [2, 0]
@@ -469,3 +477,47 @@ def test_a_noisy_cost_curve_is_measured_again_then_flagged(tmp_path, monkeypatch
     data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
     assert data["batch_sizes"]["1"]["noise"] == 0.8
     assert "curve is noisy" in tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path).source  # said on reading too
+
+
+def test_best_trees_take_the_most_valuable_nodes_when_a_noisy_calibration_misorders_ranks():
+    # a calibration that saw no hit at rank 1 but some at rank 2 (few trials): the rank-2 node is
+    # worth 0.3, the rank-1 node nothing
+    stats = AcceptanceStats(((0.6, 0.0, 0.3), (0.4, 0.2, 0.0)), steps=1)
+    trees = best_trees(stats, 3)
+    assert set(trees[1][0]) == {(0,), (2,)} and trees[1][1] == pytest.approx(1.9)
+    assert set(trees[2][0]) == {(0,), (2,), (0, 0)} and trees[2][1] == pytest.approx(2.14)
+
+
+def test_reset_starts_a_policy_afresh():
+    from eaglespec.engine.tuning import AdaptiveTree
+
+    policy = AdaptiveTree(_ladder(), 0.010, start=2, window=8, probe_every=20, max_probe_every=50)
+    for _ in range(8):
+        policy.observe(1)  # vanilla after one window
+    while policy.level == 0:
+        policy.observe(1)
+    for _ in range(8):
+        policy.observe(1)  # a failed probe: the next waits twice as long
+    assert policy.level == 0 and policy.probe_wait == 40
+    policy.reset()
+    assert policy.level == 2 and policy.history[-1] == 2 and policy.probe_wait == 20
+    assert policy.steps == policy.emitted == 0 and not policy.probing
+
+
+def test_a_batch_that_outlives_its_sequences_starts_each_lone_one_at_the_tuned_tree():
+    """The server decodes every request through one batch: a request after one where the head did
+    not pay starts at the tuned tree again, not at the vanilla (and the probe wait) the last left."""
+    from eaglespec.core.config import SamplingParams
+
+    gen, _ = _wrong_generator()
+    batch = gen.new_batch()
+    policy = gen.last_policy
+    seen = []
+    for _ in range(2):
+        seq, _ = batch.add([5, 6, 7], 30, SamplingParams(), set())
+        seen.append(len(policy.history))
+        while not seq.done:
+            batch.step()
+    first, second = policy.history[:seen[1]], policy.history[seen[1]:]
+    assert first[:2] == [2, 0]  # the head never pays: vanilla after one window
+    assert second[:2] == [2, 0]  # the next request: the tuned tree again, then vanilla after its own window

@@ -43,7 +43,7 @@ _ROOT_ONLY = buffers_from_parents(torch.tensor([-1]))
 @dataclass(frozen=True)
 class StepStats:
     accepted: int    # draft tokens the target accepted this step (0 for vanilla)
-    emitted: int     # tokens this step added to the output (accepted + 1, cut at a stop)
+    emitted: int     # tokens this step added to the output (accepted + 1, cut at a stop or the budget)
     tree_size: int   # tokens the target verified (root included)
     bonus: bool = False  # the target's token ends an accepted path at a leaf of a drafted tree (a bonus token);
                          # False: a recovered token (a node whose children were all rejected), or no draft tree
@@ -92,11 +92,12 @@ class Batch:
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None,
                  choose: Callable[[int], Drafter | None] | None = None,
-                 report: Callable[[int, list[StepStats]], None] | None = None):
+                 report: Callable[[list["Sequence"], list[StepOutput]], None] | None = None):
         """drafter: grows every step's trees (None: vanilla). choose: picks, for each step, the
         drafter (over the same head, any tree) or None (no drafts) from the number of sequences in
-        the step, as `--tree auto` does when a larger batch makes drafting pay less. report(size,
-        stats) hears each step's outcome (tuning.AdaptiveTree's feedback)."""
+        the step, as `--tree auto` does when a larger batch makes drafting pay less. report(seqs,
+        outputs) hears each drafting step's sequences and outcomes, in order (tuning.AdaptiveTree's
+        feedback)."""
         self.target = target
         self.drafter = drafter
         self.choose = choose or (lambda size: drafter)
@@ -235,7 +236,7 @@ class Batch:
             seq.root = acc.next_token
         rows.keep_paths(start, paths)
         if self.report is not None and drafting:  # an all-vanilla step says nothing of the tree
-            self.report(len(seqs), [out.stats for _, out in outputs])
+            self.report(seqs, [out for _, out in outputs])
         self.remove([s for s in seqs if s.done])
         return outputs
 

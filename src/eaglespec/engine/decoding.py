@@ -408,9 +408,19 @@ class EagleGenerator:
             def choose(size: int) -> Drafter | None:
                 return self._drafter(policy.tree) if size == 1 else sized(size)
 
-            def report(size: int, stats: list[StepStats]) -> None:
-                if size == 1:
-                    policy.observe(stats[0].emitted, policy.step_cost(stats[0].tree_size))
+            lone = [None]  # the sequence the policy's evidence is about
+
+            def report(seqs: list, outputs: list[StepOutput]) -> None:
+                if len(seqs) != 1:
+                    return
+                if seqs[0] is not lone[0]:
+                    earlier, lone[0] = lone[0], seqs[0]
+                    if earlier is not None:  # another text (a server's next request): start afresh,
+                        policy.reset()       # this first step (taken at the last text's choice) aside
+                        return
+                out = outputs[0]
+                if out.finish_reason is None:  # a last step is cut short (stop, budget): not evidence
+                    policy.observe(out.stats.emitted, policy.step_cost(out.stats.tree_size))
         elif sized is not None:
             choose = sized
         return Batch(self.target, drafter, choose, report)

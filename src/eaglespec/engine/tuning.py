@@ -107,21 +107,23 @@ def calibrate(gen, prompts: list[list[int]], max_new_tokens: int = 128, stop_tok
 
 
 def best_trees(stats: AcceptanceStats, max_nodes: int = max(SIZES)) -> list[tuple[tuple[tuple[int, ...], ...], float]]:
-    """For N = 1..max_nodes: (paths of the N most valuable nodes, expected tau)."""
+    """For N = 1..max_nodes: (paths of the N most valuable nodes, expected tau). A node's value is
+    its parent's times p at its depth and rank, so it never exceeds its parent's: taking nodes by
+    value from a heap that holds the children of every node taken gives the N best, closed under
+    parents, whatever order a (noisy) calibration puts the ranks in."""
     p = stats.p
     depth_max, width = len(p), len(p[0])
-    heap = [(-p[0][0], (0,))]
+    heap = [(-p[0][r], (r,)) for r in range(width)]
+    heapq.heapify(heap)
     paths, tau, out = [], 1.0, []
     while heap and len(paths) < max_nodes:
         neg, path = heapq.heappop(heap)
         paths.append(path)
         tau += -neg
         out.append((tuple(paths), tau))
-        d, r = len(path) - 1, path[-1]
-        if r + 1 < width:  # next sibling
-            heapq.heappush(heap, (neg / max(p[d][r], 1e-9) * p[d][r + 1], path[:-1] + (r + 1,)))
-        if d + 1 < depth_max:  # first child
-            heapq.heappush(heap, (neg * p[d + 1][0], path + (0,)))
+        if len(path) < depth_max:  # its children
+            for r in range(width):
+                heapq.heappush(heap, (neg * p[len(path)][r], path + (r,)))
     return out
 
 
@@ -460,7 +462,7 @@ class AdaptiveTree:
                  window: int = 8, probe_every: int = PROBE_EVERY, max_probe_every: int = 512, level_cost: float = 0.0):
         """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index;
         level_cost: seconds of one level of drafting (`step_cost` of a step that verified its root alone)."""
-        self.ladder, self.vanilla, self.level = ladder, vanilla, start
+        self.ladder, self.vanilla, self.level, self.start = ladder, vanilla, start, start
         self.window, self.probe_every, self.max_probe_every = window, probe_every, max_probe_every
         self.probe_wait = probe_every  # vanilla steps before the next probe
         self.probing = False           # the current window is a probe from vanilla
@@ -486,7 +488,8 @@ class AdaptiveTree:
         included) after drafting fewer of its levels: the cheapest tree of the ladder that verifies
         at least as many, or a vanilla step and one level of drafting when only the root is
         verified (also a generation's last step, which drafts and drops its tree: one step in a
-        generation, left uncorrected). None: the whole tree."""
+        generation, left uncorrected). None: the current rung's own cost (the whole tree, or a
+        vanilla step at vanilla)."""
         tree, _, full = self.ladder[self.level]
         if tree is None or verified >= tree.num_nodes:
             return None
@@ -495,6 +498,13 @@ class AdaptiveTree:
         # the smallest tree of the ladder that verifies as many: its verification width, or wider
         return min((cost for t, _, cost in self.ladder if t is not None and verified <= t.num_nodes <= tree.num_nodes),
                    default=None)
+
+    def reset(self) -> None:
+        """Start afresh for another text (a server's next request in the same batch): the tuned
+        tree, no evidence, the first probe's wait."""
+        self._move(self.start)
+        self.steps = self.emitted = 0
+        self.probe_wait, self.probing = self.probe_every, False
 
     def _move(self, level: int) -> None:
         if level != self.level:  # staying keeps the evidence: a tree is judged on all its steps so far
@@ -513,7 +523,7 @@ class AdaptiveTree:
         if tree is None:
             if self.steps >= self.probe_wait:
                 self.probing = True
-                self._move(1)  # the smallest tree: the cheapest probe
+                self._move(1)  # the smallest tree (from_tuned sorts the ladder: vanilla, then by size)
             return
         if self.steps % self.window:
             return
