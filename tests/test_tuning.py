@@ -521,3 +521,14 @@ def test_a_batch_that_outlives_its_sequences_starts_each_lone_one_at_the_tuned_t
     first, second = policy.history[:seen[1]], policy.history[seen[1]:]
     assert first[:2] == [2, 0]  # the head never pays: vanilla after one window
     assert second[:2] == [2, 0]  # the next request: the tuned tree again, then vanilla after its own window
+
+
+def test_an_adaptive_tree_from_an_incomplete_table_is_refused_in_one_line():
+    from eaglespec.engine.tuning import AdaptiveTree, TunedTree
+
+    ladder = _ladder()
+    tuned = TunedTree(ladder[2][0], 2.0, 1.67, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.003, 0.009, 1.67)], 0.010)
+    with pytest.raises(EagleError, match="tuned tree of every size"):
+        AdaptiveTree.from_tuned(tuned)  # no trees: before, StopIteration from inside
+    with pytest.raises(ValueError, match="window 0"):
+        AdaptiveTree(ladder, 0.010, start=2, window=0)

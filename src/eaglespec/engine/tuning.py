@@ -462,6 +462,9 @@ class AdaptiveTree:
                  window: int = 8, probe_every: int = PROBE_EVERY, max_probe_every: int = 512, level_cost: float = 0.0):
         """ladder: (tree or None, predicted tau, step seconds), None = vanilla; start: its index;
         level_cost: seconds of one level of drafting (`step_cost` of a step that verified its root alone)."""
+        if window < 1 or probe_every < 1 or max_probe_every < probe_every:
+            raise ValueError(f"window {window} and probe_every {probe_every} must be >= 1, max_probe_every "
+                             f"{max_probe_every} >= probe_every")
         self.ladder, self.vanilla, self.level, self.start = ladder, vanilla, start, start
         self.window, self.probe_every, self.max_probe_every = window, probe_every, max_probe_every
         self.probe_wait = probe_every  # vanilla steps before the next probe
@@ -476,7 +479,10 @@ class AdaptiveTree:
         ladder = [(None, 1.0, tuned.vanilla)]
         for n, tau, draft, verify, _ in sorted(tuned.table):
             ladder.append((trees.get(n), tau, draft + verify))
-        start = next(i for i, row in enumerate(ladder) if row[0] is tuned.tree)
+        start = next((i for i, row in enumerate(ladder) if row[0] is tuned.tree), None)
+        if start is None or any(tree is None for tree, *_ in ladder[1:]):
+            raise EagleError("the adaptive tree needs the tuned tree of every size in its table "
+                             "(TunedTree.trees): tune it with tuning.tune, not by hand")
         return cls(ladder, tuned.vanilla, start, level_cost=tuned.level_cost, **kwargs)
 
     @property
