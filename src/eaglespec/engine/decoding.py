@@ -408,13 +408,14 @@ class EagleGenerator:
             def choose(size: int) -> Drafter | None:
                 return self._drafter(policy.tree) if size == 1 else sized(size)
 
-            lone = [None]  # the sequence the policy's evidence is about
+            lone = None  # the sequence the policy's evidence is about
 
             def report(seqs: list, outputs: list[StepOutput]) -> None:
+                nonlocal lone
                 if len(seqs) != 1:
                     return
-                if seqs[0] is not lone[0]:
-                    earlier, lone[0] = lone[0], seqs[0]
+                if seqs[0] is not lone:
+                    earlier, lone = lone, seqs[0]
                     if earlier is not None:  # another text (a server's next request): start afresh,
                         policy.reset()       # this first step (taken at the last text's choice) aside
                         return

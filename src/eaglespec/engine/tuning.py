@@ -493,9 +493,8 @@ class AdaptiveTree:
         """The predicted seconds of a step of the current tree that verified `verified` tokens (root
         included) after drafting fewer of its levels: the cheapest tree of the ladder that verifies
         at least as many, or a vanilla step and one level of drafting when only the root is
-        verified (also a generation's last step, which drafts and drops its tree: one step in a
-        generation, left uncorrected). None: the current rung's own cost (the whole tree, or a
-        vanilla step at vanilla)."""
+        verified. None: the current rung's own cost (the whole tree, or a vanilla step at vanilla).
+        (A generation's last step, cut at its stop or budget, is not observed: decoding.new_batch.)"""
         tree, _, full = self.ladder[self.level]
         if tree is None or verified >= tree.num_nodes:
             return None
