@@ -56,7 +56,7 @@ class Prior(AdaptiveTree):
 
 
 def run(trace, make, use_floor=True):
-    steps = {p: (acc, conf) for p, acc, conf in trace["steps"]}
+    steps = {i + 1: (acc, conf) for i, (acc, conf) in enumerate(trace["steps"])}  # position -> (accepted, confidences)
     n_out = trace["tokens"]
     pol = make()
     p, t, nsteps = 1, 0.0, 0
@@ -106,8 +106,8 @@ def policies():
 
 
 # synthetic heads: useless and unsure (every draft below the floor), useless and sure (never below it), 256 tokens
-traces.append({"name": "useless-unsure", "category": "synthetic-unsure", "tokens": 256, "steps": [[p, 0, [-5.0, -6.0, -7.0]] for p in range(1, 256)]})
-traces.append({"name": "useless-sure", "category": "synthetic-sure", "tokens": 256, "steps": [[p, 0, [-0.1, -0.2, -0.3]] for p in range(1, 256)]})
+traces.append({"name": "useless-unsure", "category": "synthetic-unsure", "tokens": 256, "steps": [[0, [-5.0, -6.0, -7.0]]] * 255})
+traces.append({"name": "useless-sure", "category": "synthetic-sure", "tokens": 256, "steps": [[0, [-0.1, -0.2, -0.3]]] * 255})
 groups = lambda tr: ["all-mt" if tr["category"].startswith("mt-") else "all-tasks" if tr["category"].startswith("task-") else "all-synthetic" if tr["category"].startswith("synthetic") else tr["category"], tr["category"]]
 rows = {}
 for name, make, use_floor in policies():
