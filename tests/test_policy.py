@@ -96,11 +96,11 @@ def test_trace_writes_a_line_a_prompt_and_a_rerun_continues(tmp_path):
 
 
 def test_replay_of_a_missing_or_bad_file_or_option_is_one_line(tmp_path, capsys, monkeypatch):
-    from eaglespec.engine import decoding
+    from eaglespec.cli import options
 
     gen = EagleGenerator(tiny_target("llama"), None, "none")
     gen.tuned = object()  # only its presence is read before the options and files
-    monkeypatch.setattr(decoding.EagleGenerator, "from_pretrained", classmethod(lambda cls, *a, **k: gen))
+    monkeypatch.setattr(options, "load_generator", lambda args: gen)
     assert pol.main(["replay", str(tmp_path / "none.jsonl")]) == 2
     assert "none.jsonl" in capsys.readouterr().out
     (tmp_path / "t.jsonl").write_text(json.dumps(_record(1, -0.1)) + "\n")

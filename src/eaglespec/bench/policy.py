@@ -163,7 +163,7 @@ def _load(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.datasets import add_dataset_arg, load_questions, user_message
-    from ..engine.decoding import EagleGenerator
+    from ..cli.options import add_model_args, load_generator
     from ..errors import EagleError
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.policy", description=__doc__.split("\n\n")[0])
@@ -180,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--window", default="8", help="steps between decisions, comma-separated")
     r.add_argument("--floor", default="auto", help="confidence floors: auto (the tuned one) or numbers")
     for q in (t, r):
-        q.add_argument("--target", default=None)
-        q.add_argument("--head", default="default")
+        add_model_args(q)  # --tree auto (the default) is what is traced and replayed
     args = p.parse_args(argv)
     try:
-        gen = EagleGenerator.from_pretrained(args.target, args.head, "auto")
+        gen = load_generator(args)
         if gen.tuned is None:
-            raise EagleError("the head has no tuned tree here (no acceptance.json, or no tree verifies): nothing to replay")
+            raise EagleError("no tuned tree (--tree auto, a head with acceptance.json, a tree that verifies exactly "
+                             "here): nothing to trace or replay")
         if args.command == "trace":
             depth = args.depth or gen.tuned.tree.depth
             if not 1 <= depth <= 16:
