@@ -39,6 +39,10 @@ def test_replay_of_a_useless_head_stays_near_vanilla_and_a_later_probe_costs_les
     assert 0.95 < soon < late < 1.0
 
 
+def test_a_text_of_one_token_replays_as_vanilla():
+    assert pol.replay(_record(0, -0.1, tokens=1), AdaptiveTree(_chain_ladder(), 0.010, start=2), 0.15) == (1.0, 1.0)
+
+
 def test_replay_judges_a_step_cut_by_the_floor_at_what_it_cost():
     # every draft below the floor: each step verifies the root alone, at a vanilla step and one level
     unsure = _record(3, -5.0)

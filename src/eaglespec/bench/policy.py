@@ -28,6 +28,7 @@ import gzip
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -116,6 +117,8 @@ def chain_ladder(policy: AdaptiveTree) -> AdaptiveTree:
 def replay(record: dict, policy: AdaptiveTree, floor: float) -> tuple[float, float]:
     """One trace under one policy -> (predicted speedup over vanilla, tau)."""
     steps, n = record["steps"], record["tokens"]
+    if n < 2:  # the prefill's token alone (an end of sequence at once): no step to replay
+        return 1.0, 1.0
     log_floor = math.log(floor) if floor > 0 else -math.inf
     position, seconds, count = 1, 0.0, 0  # the first token is the prefill's
     while position < n:
@@ -136,7 +139,7 @@ def replay(record: dict, policy: AdaptiveTree, floor: float) -> tuple[float, flo
     return (n - 1) * policy.vanilla / seconds, (n - 1) / count
 
 
-def table(records: list[dict], variants: dict[str, tuple[callable, float]]) -> list[str]:
+def table(records: list[dict], variants: dict[str, tuple[Callable[[], AdaptiveTree], float]]) -> list[str]:
     """variants: name -> (a fresh policy, floor). -> markdown rows: per set, tokens-weighted
     speedup / the worst prompt's."""
     sets = ["all"] + sorted({r["category"] for r in records})
