@@ -186,10 +186,13 @@ def test_auto_fixed_keeps_the_tuned_tree_that_auto_leaves():
 
 
 def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
-    """The tuned floor (a level's drafting cost at the predicted speed: 0.15 here) cuts a random
-    head's trees to their root; `auto-whole` is auto with the floor off: whole trees until the
-    adaptive policy leaves them. All emit vanilla's tokens; the generator's floor is left as it was."""
-    from eaglespec.bench.methods import AUTO_FIXED, AUTO_WHOLE
+    """The tuned floor (a level's drafting cost at the predicted speed: 0.15 here) stops a random
+    head's drafting after the first level: grown EAGLE-2 style (`auto`'s way for a lone sequence)
+    its 2 best first-level nodes are verified, in the static shape (`auto-static`) every node is
+    below the floor and the root is verified alone. `auto-whole` is auto with the floor off: whole
+    trees until the adaptive policy leaves them. All emit vanilla's tokens; the generator's
+    settings are left as they were."""
+    from eaglespec.bench.methods import AUTO_FIXED, AUTO_STATIC, AUTO_WHOLE
     from eaglespec.core.tree import static_tree
     from eaglespec.engine.tuning import TunedTree
 
@@ -199,15 +202,18 @@ def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
                           trees=((1, small), (3, big)))
     gen.tree = big
     assert gen.floor_for(big) == pytest.approx(0.15)
-    methods, _ = build_methods(gen, f"vanilla,{AUTO_FIXED},{AUTO_WHOLE}", [], greedy=True)
-    assert methods[2].spec.startswith(f"{AUTO_WHOLE}: ")
+    methods, _ = build_methods(gen, f"vanilla,{AUTO_FIXED},{AUTO_WHOLE},{AUTO_STATIC}", [], greedy=True)
+    assert methods[2].spec.startswith(f"{AUTO_WHOLE}: ") and "top-2" in methods[2].spec
+    assert methods[3].spec.startswith(f"{AUTO_STATIC}: ") and "top-" not in methods[3].spec
     ids = gen.encode("hello there")
     gen.eos_token_ids = set
     records = {m.name: m.run(ids, 30, SamplingParams()) for m in methods}
     assert records[AUTO_FIXED].token_ids == records[AUTO_WHOLE].token_ids == records[BASELINE].token_ids
-    assert set(records[AUTO_FIXED].tree_sizes) == {1}  # every node below the floor
+    assert records[AUTO_STATIC].token_ids == records[BASELINE].token_ids
+    assert set(records[AUTO_FIXED].tree_sizes[:-1]) == {3}  # the first level's 2 best nodes
+    assert set(records[AUTO_STATIC].tree_sizes) == {1}  # every node below the floor
     assert records[AUTO_WHOLE].tree_sizes[0] == big.num_nodes
-    assert gen.draft_floor is None
+    assert gen.draft_floor is None and gen.rerank is True
 
 # -- the harness on a tiny model -----------------------------------------------------------------
 

@@ -49,19 +49,24 @@ def test_random_head_equals_vanilla(arch, tree):
     assert all(s.tree_size > 1 for s in eagle.steps[:-1])  # no draft for a last single token
 
 
+def counted_levels(monkeypatch) -> list:
+    """A list that grows by one item for each level a drafter drafts below the first."""
+    from eaglespec.draft.drafter import Drafter
+
+    levels, expand = [], Drafter._expand
+    monkeypatch.setattr(Drafter, "_expand", lambda self, *a: levels.append(1) or expand(self, *a))
+    return levels
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tree", ["eagle1", "chain:4"])
 def test_a_confidence_floor_verifies_less_and_keeps_the_output(arch, tree, monkeypatch):
     """With a floor, a static tree verifies only the nodes whose path probability under the draft
     reaches it, and does not draft a level none of whose nodes do: the trees vary from step to
     step, the head runs fewer times, and the output is still vanilla's."""
-    from eaglespec.draft.drafter import Drafter
-
     target = tiny_target(arch)
     gen = EagleGenerator(target, random_head(target), tree)
-    levels = []
-    expand = Drafter._expand
-    monkeypatch.setattr(Drafter, "_expand", lambda self, *a: levels.append(1) or expand(self, *a))
+    levels = counted_levels(monkeypatch)
     vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
     whole = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
     whole_levels, full = len(levels), gen.tree.num_nodes
@@ -90,12 +95,37 @@ def test_a_confidence_floor_verifies_less_and_keeps_the_output(arch, tree, monke
     assert levels == []
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_floor_stops_a_dynamic_trees_drafting_and_keeps_the_output(arch, monkeypatch):
+    """In a dynamic tree the floor only stops the drafting: a level none of whose frontier nodes
+    the draft gives the floor is not drafted, and the best N of the nodes drafted are verified
+    (fewer when fewer were drafted). The output is still vanilla's."""
+    target = tiny_target(arch)
+    gen = EagleGenerator(target, random_head(target), DynamicTreeSpec(top_k=2, depth=3, total_tokens=3))
+    levels = counted_levels(monkeypatch)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    whole = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    whole_levels = len(levels)
+    assert {s.tree_size for s in whole.steps[:-1]} == {4} and whole_levels == 2 * len(whole.steps)
+    gen.draft_floor = 0.02  # a random head: a depth-1 node above it now and then, few deeper
+    levels.clear()
+    floored = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, floored.token_ids)
+    assert 0 < len(levels) < whole_levels  # levels below the floor are not drafted
+    assert {s.tree_size for s in floored.steps[:-1]} <= {3, 4}  # 2 nodes when only the first level was drafted
+    gen.draft_floor = 0.9  # nothing reaches it: the first level alone, its 2 best nodes verified
+    levels.clear()
+    first = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert first.token_ids == floored.token_ids and levels == []
+    assert {s.tree_size for s in first.steps[:-1]} == {3}
+
+
 def test_the_floor_is_tuned_for_auto_trees_and_off_for_others():
     target = tiny_target("llama")
     gen = EagleGenerator(target, random_head(target), "chain:3")
     assert gen.floor_for(gen.tree) == 0.0 and gen.floor_for(DynamicTreeSpec()) == 0.0
     gen.draft_floor = 0.1
-    assert gen.floor_for(gen.tree) == 0.1 and gen.floor_for(DynamicTreeSpec()) == 0.0  # EAGLE-2 keeps its N best
+    assert gen.floor_for(gen.tree) == 0.1 and gen.floor_for(DynamicTreeSpec()) == 0.1
     assert gen._drafter(gen.tree).floor == 0.1
     with pytest.raises(ValueError, match="probability in"):
         gen.draft_floor = 1.0

@@ -151,3 +151,13 @@ def test_leaf_flags_nodes_without_children():
         b = buffers_from_parents(parents)
         assert b.leaf == tuple(not bool((parents == i).any()) for i in range(n))
         assert sum(b.leaf) == b.retrieve_indices.shape[0]  # one candidate path per leaf
+
+
+def test_select_best_nodes_puts_nan_scores_last_and_stays_closed():
+    """A NaN score (a broken draft) counts as -inf: its node and its subtree go last, and what is
+    kept is still closed under parents."""
+    parents = torch.tensor([-1, 0, -1, 2])
+    scores = torch.tensor([-0.2, float("nan"), -0.5, -0.7])
+    assert select_best_nodes(scores, parents, 3).tolist() == [0, 2, 3]
+    kept = select_best_nodes(scores, parents, 2)
+    assert kept.tolist() == [0, 2] and _closed(kept, parents)

@@ -532,3 +532,53 @@ def test_an_adaptive_tree_from_an_incomplete_table_is_refused_in_one_line():
         AdaptiveTree.from_tuned(tuned)  # no trees: before, StopIteration from inside
     with pytest.raises(ValueError, match="window 0"):
         AdaptiveTree(ladder, 0.010, start=2, window=0)
+
+
+def test_rerank_top_k_is_two_for_cpu_trees_then_about_the_square_root():
+    assert [tuning.rerank_top_k(n) for n in (1, 3, 7, 8)] == [2, 2, 2, 2]
+    assert [tuning.rerank_top_k(n) for n in (9, 16, 24, 60)] == [3, 4, 4, 7]
+
+
+def test_a_lone_sequence_grows_the_tuned_trees_eagle2_style(tmp_path, monkeypatch):
+    """--tree auto's trees of N nodes and depth D are drafted for a lone sequence as dynamic:k,D,N
+    (each step's nodes follow the draft's confidence, not the static shape; every output is
+    vanilla's); `rerank = False` (bench's auto-static) drafts the static shapes, as does a batch of
+    two; the tuning line says which."""
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_target("llama", dtype=torch.float64)
+    torch.manual_seed(0)
+    gen = EagleGenerator(target, EagleHead(target.config).to(target.dtype), "eagle1", head_dir=tmp_path)
+    AcceptanceStats(((0.9, 0.6, 0.3), (0.8, 0.3, 0.2), (0.7, 0.2, 0.1)), steps=1).save(tmp_path)
+    use_auto_tree(gen)
+    tree = gen.tree
+    n, static_parents = tree.num_nodes - 1, tree.buffers.parents.tolist()
+    k = tuning.rerank_top_k(n)
+    assert n >= 3 and gen.rerank_for(tree) == k and gen._drafter(tree).rerank == k
+    assert f"dynamic:{k},{tree.depth},{n}" in gen.tuned.describe() and "EAGLE-2" in gen.tuned.describe()
+    assert "not verified" in gen.tuned.describe(rerank=0)
+    gen.adaptive, gen.draft_floor = False, 0.0  # the tuned tree on every step, whole
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=40, speculative=False, stop_token_ids=set()).token_ids
+
+    def shapes():
+        seen = []
+        out = [t for step in gen.stream(PROMPT, 40, stop_token_ids=set(),
+                                        observe=lambda t, logits, acc: seen.append(t.buffers.parents.tolist()))
+               for t in step.tokens]
+        assert out == vanilla
+        return seen[:-1]  # the last step may verify its root alone
+
+    grown = shapes()
+    assert all(len(p) == n + 1 for p in grown) and any(p != static_parents for p in grown)
+    gen.rerank = False
+    assert gen.rerank_for(tree) == 0
+    assert all(p == static_parents for p in shapes())
+    gen.rerank = True
+    together = []
+    batch = gen.generate_batch(input_ids=[PROMPT, PROMPT[:6]], max_new_tokens=8, stop_token_ids=set())
+    assert batch[0].token_ids == vanilla[:8]
+    drafter = gen._drafter(tree)
+    state = drafter.new_state(2)
+    feats = torch.zeros(3, target.hidden_size, dtype=target.dtype)
+    for t in drafter.draft_rows(state, [torch.tensor([1, 2, 3])] * 2, [feats] * 2, [3, 3]):
+        together.append(t.buffers.parents.tolist())
+    assert together == [static_parents] * 2

@@ -26,12 +26,15 @@ LLAMA_CPP_F32 = "llama.cpp-f32"  # the same of an F32 copy: the weights eaglespe
 PROMPT_LOOKUP_TOKENS = 10
 AUTO_FIXED = "auto-fixed"      # --tree auto's tuned tree without the adaptive policy: what the policy adds
 AUTO_WHOLE = "auto-whole"      # --tree auto with every step's whole tree (no confidence floor): what the floor adds
+AUTO_STATIC = "auto-static"    # --tree auto with the tuned trees' static shapes (no EAGLE-2 growth): what the growth adds
+TUNED_VARIANTS = (AUTO_FIXED, AUTO_WHOLE, AUTO_STATIC)
 DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
     "comma-separated: vanilla (our loop without a drafter, the baseline; always run), eagle1, chain (one "
     "method per --chain depth), chain:N, dynamic, dynamic:K,D,N, auto (the tree tuned for this machine), "
     f"{AUTO_FIXED} (the tuned tree kept for every step: what the adaptive policy adds), "
     f"{AUTO_WHOLE} (auto drafting its whole tree every step, --draft-floor 0: what the confidence floor adds), "
+    f"{AUTO_STATIC} (auto drafting the tuned trees' static shapes, not grown EAGLE-2 style: what that growth adds), "
     "default (the --tree of the generator), eager (vanilla on the eager kernels, beside a compiled baseline), "
     f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy), {LLAMA_CPP} (llama-server decoding the "
     f"target's .gguf as it is, greedy), {LLAMA_CPP_F32} (the same of an F32 copy); the llama.cpp methods need "
@@ -66,10 +69,12 @@ class LoopMethod:
         self.gen, self.name, self.tree = gen, name, tree
         self.kind = "baseline" if tree is None else "lossless"
         self.spec = "no drafter" if tree is None else name
-        if name in ("auto", AUTO_FIXED, AUTO_WHOLE):  # the tuned tree and floor: a resumed run must use the same
+        if name in ("auto", *TUNED_VARIANTS):  # the tuned tree, floor and growth: a resumed run must use the same
             self.spec = f"{name}: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
             floor = 0.0 if name == AUTO_WHOLE else gen.floor_for(tree)
+            rerank = 0 if name == AUTO_STATIC else gen.rerank_for(tree)
             self.spec += f", floor {floor:g}" if floor > 0 else ""
+            self.spec += f", grown as top-{rerank}" if rerank else ""
         self.depth = int(getattr(tree, "depth", 0) or 0)
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
@@ -110,10 +115,12 @@ class EagerVanilla(LoopMethod):
 class TunedVariant(LoopMethod):
     """--tree auto's tuned tree with one generator setting changed while it runs: `auto-fixed`
     (adaptive=False: the tuned tree on every step, without tuning.AdaptiveTree moving between
-    sizes) and `auto-whole` (draft_floor=0: every drafting step drafts its whole tree). Beside
-    `auto`, the difference is what the adaptive policy, or the confidence floor, adds or costs."""
+    sizes), `auto-whole` (draft_floor=0: every drafting step drafts its whole tree) and
+    `auto-static` (rerank=False: the tuned trees' static shapes, with the floor cutting nodes).
+    Beside `auto`, the difference is what the adaptive policy, the confidence floor or the EAGLE-2
+    growth adds or costs."""
 
-    SETTINGS = {AUTO_FIXED: ("adaptive", False), AUTO_WHOLE: ("draft_floor", 0.0)}
+    SETTINGS = {AUTO_FIXED: ("adaptive", False), AUTO_WHOLE: ("draft_floor", 0.0), AUTO_STATIC: ("rerank", False)}
 
     def __init__(self, gen: EagleGenerator, name: str):
         super().__init__(gen, name, gen.tree)
@@ -185,7 +192,7 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
             methods.append(LoopMethod(gen, BASELINE))
         elif name == EAGER:
             methods.append(EagerVanilla(gen))
-        elif name in (AUTO_FIXED, AUTO_WHOLE):
+        elif name in TUNED_VARIANTS:
             if gen.tuned is None:
                 raise EagleError(f"method {name!r} is the tree --tree auto tuned, and this generator has none: "
                                  "run with --tree auto (the default) and a head with acceptance.json")

@@ -13,7 +13,10 @@ come from one forward over the whole text instead of step by step (equal within 
 speedup over vanilla per category. The cost curve leaves out some of a real step's Python and
 cache misses, so a prediction is above what a benchmark measures; it ranks policies on the costs
 the tuner plans with. Steps are judged as decoding judges them (tuning.AdaptiveTree.step_cost for
-a step cut by the floor; a text's last step is not observed).
+a step cut by the floor; a text's last step is not observed). What is replayed is the tuned trees'
+static shapes (`bench --methods auto-static`): a lone sequence's EAGLE-2 growth of them (Drafter's
+rerank, which `--tree auto` runs) picks each step's nodes from the draft's top-2 per level, which a
+trace of chains does not hold.
 
     python -m eaglespec.bench.policy trace --dataset mt-bench --out runs/traces.jsonl
     python -m eaglespec.bench.policy replay runs/traces.jsonl --probe 16,64 --floor auto,0.1

@@ -24,10 +24,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "'default' = the head shipped for the target, 'none' = vanilla decoding")
     p.add_argument("--tree", default="auto", help=f"auto (default: tuned for this machine and head), {TREE_HELP}")
     p.add_argument("--draft-floor", type=float, default=None, metavar="P",
-                   help="a static tree's confidence floor for a lone sequence: nodes whose path probability under "
-                        "the draft is below P are not verified, nor levels without one above it drafted (0 = the "
-                        "whole tree every step); default: tuned from the cost curve with --tree auto, 0 with other "
-                        "trees; dynamic trees and batches of several sequences draft whole trees")
+                   help="a lone sequence's confidence floor: a level of drafts with no node whose path "
+                        "probability under the draft reaches P is not drafted, and in a static tree nodes below P "
+                        "are not verified (0 = the whole tree every step); default: tuned from the cost curve with "
+                        "--tree auto, 0 with other trees; batches of several sequences draft whole trees")
     p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
                    help="an EAGLE-1 head's draft scores the N most frequent tokens of its training data (default "
                         "%(default)s; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
@@ -144,5 +144,5 @@ def load_generator(args, max_batch: int = 1):
             where += f" (format: {detect_format(gen.head_dir)})"
         print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
     if gen.tuned is not None:
-        print(gen.tuned.describe(gen.floor_for(gen.tuned.tree)), file=sys.stderr)
+        print(gen.tuned.describe(gen.floor_for(gen.tuned.tree), gen.rerank_for(gen.tuned.tree)), file=sys.stderr)
     return gen

@@ -11,6 +11,7 @@ Tree-buffer vocabulary (as in Medusa / EAGLE):
     retrieve_indices   [L, D+1] the root-to-leaf node indices of each candidate path, -1 padded
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -147,19 +148,23 @@ def select_best_nodes(scores: torch.Tensor, parents: torch.Tensor, total: int) -
     scores: [M] cumulative draft log-probability; parents: [M] index of each candidate's parent
     among the candidates, -1 under the root; parents[i] < i. Returns [min(total, M)] ascending.
     """
-    m = scores.numel()
+    kept = best_nodes(scores.tolist(), parents.tolist(), total)
+    return torch.tensor(kept, dtype=torch.long, device=scores.device)
+
+
+def best_nodes(scores: list[float], parents: list[int], total: int) -> list[int]:
+    """`select_best_nodes` on Python lists (a drafter's few dozen candidates: a tensor op per
+    candidate level costs more than the whole selection in plain Python)."""
+    m = len(scores)
     if total >= m:
-        return torch.arange(m, device=scores.device)
+        return list(range(m))
     # A child's cumulative log-prob never exceeds its parent's, so with ties broken towards the
-    # lower (parent) index the best `total` are closed under parents. Scores that break that
-    # (NaN, or a caller's bug) are first capped by every ancestor's score (pointer jumping, log D
-    # passes), which changes nothing for well-formed input and keeps the kept set a tree.
-    capped = scores.clone()
-    up = parents.long().clone()
-    while bool((up >= 0).any()):
-        has = up >= 0
-        safe = up.clamp(min=0)
-        capped = torch.where(has, torch.minimum(capped, capped[safe]), capped)
-        up = torch.where(has, up[safe], up)
-    order = torch.sort(-capped, stable=True).indices
-    return order[:total].sort().values
+    # lower (parent) index the best `total` are closed under parents. Scores that break that (a
+    # caller's bug) are first capped by their parent's capped score, and NaN counts as -inf: this
+    # changes nothing for well-formed input and keeps the kept set a tree.
+    capped: list[float] = []
+    for s, p in zip(scores, parents):
+        s = -math.inf if s != s else s
+        capped.append(s if p < 0 else min(s, capped[p]))
+    order = sorted(range(m), key=lambda i: -capped[i])  # stable: ties keep the lower index first
+    return sorted(order[:total])

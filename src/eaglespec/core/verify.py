@@ -50,18 +50,19 @@ def verify_greedy(
     tree_tokens: [N] long (node 0 = root); target_logits: [N, V], the target's logits at each node
     (predicting the token after it); retrieve_indices: [L, D+1], -1 padded.
     """
-    predicted = target_logits.argmax(dim=-1)  # [N]
-    real = retrieve_indices >= 0  # [L, D+1]
-    nodes = retrieve_indices.clamp(min=0)
-    drafted = tree_tokens[nodes]  # [L, D+1]
-    wanted = predicted[nodes]  # [L, D+1]
-    # A draft token is accepted when the target, one node up the path, would have chosen it;
-    # padding is masked out because a clamped -1 reads the root's token and could match.
-    match = (drafted[:, 1:] == wanted[:, :-1]) & real[:, 1:]  # [L, D]
-    accepted = match.long().cumprod(dim=-1).sum(dim=-1)  # [L]
-    best = int(accepted.argmax())  # first row among ties
-    path = retrieve_indices[best, : int(accepted[best]) + 1]
-    return Acceptance(path, tree_tokens[path[1:]], int(predicted[path[-1]]))
+    predicted = target_logits.argmax(dim=-1).tolist()  # [N]
+    tokens = tree_tokens.tolist()
+    # A draft token is accepted when the target, one node up the path, would have chosen it; the
+    # walk is plain Python: a tree has a few dozen paths at most, and a tensor op costs more.
+    best, longest = [0], -1
+    for row in retrieve_indices.tolist():
+        a = 0
+        while a + 1 < len(row) and row[a + 1] >= 0 and tokens[row[a + 1]] == predicted[row[a]]:
+            a += 1
+        if a > longest:  # the first row among ties
+            best, longest = row[: a + 1], a
+    path = torch.tensor(best, dtype=torch.long, device=tree_tokens.device)
+    return Acceptance(path, tree_tokens[path[1:]], predicted[best[-1]])
 
 
 def verify_sampling(

@@ -10,15 +10,23 @@ In reproducible sampling a row's children are ranked by q perturbed with the tar
 noise at their position (core/noise.py), so its first child is the target's token whenever the
 draft's perturbed choice agrees with the target's.
 
-A static tree may have a confidence floor (`Drafter.floor`), used when one sequence drafts alone:
-a node whose path probability under the draft (the product of q along it, without noise) is below
-it is not verified, and a level none of whose nodes reaches it is not drafted (a node below the
-floor on a level drafted for its siblings is drafted, then dropped). The draft's confidence tracks
-acceptance closely (EAGLE-2), so where the head is unsure a step drafts less and verifies fewer
-tokens, and where it is sure it drafts the whole tree. Which nodes are verified never changes an
-output: every tree is verified exactly. A batch of several sequences drafts its trees whole: the
-rows share each level's head forward and one verification width, so cutting one row saves little,
-and the widths a batch verifies stay the few `warm_batches` builds.
+A tree may have a confidence floor (`Drafter.floor`), used when one sequence drafts alone. In a
+static tree a node whose path probability under the draft (the product of q along it, without
+noise) is below it is not verified, and a level none of whose nodes reaches it is not drafted (a
+node below the floor on a level drafted for its siblings is drafted, then dropped). In a dynamic
+tree the floor only stops the drafting (a level none of whose frontier nodes reaches it is not
+drafted) and the best N of the nodes drafted are verified: a few more tokens cost little to
+verify, a level costs a head forward. The draft's confidence tracks acceptance closely (EAGLE-2),
+so where the head is unsure a step drafts less, and where it is sure it drafts the whole tree.
+Which nodes are verified never changes an output: every tree is verified exactly. A batch of
+several sequences drafts its trees whole: the rows share each level's head forward and one
+verification width, so cutting one row saves little, and the widths a batch verifies stay the few
+`warm_batches` builds.
+
+`rerank` (--tree auto's tuned trees): one sequence alone grows a static tree of N nodes and depth
+D as EAGLE-2 does, dynamic:k,D,N (each level expands the k nodes with the best path scores, and the
+N best of all are verified), so that each step's nodes follow the draft's confidence rather than
+the ranks' average acceptance; a batch of several drafts the static shape.
 """
 
 from __future__ import annotations
@@ -32,11 +40,11 @@ from transformers import DynamicCache
 from ..core.attention import additive_mask
 from ..core.config import DynamicTreeSpec
 from ..core.noise import DraftNoise, perturbed_logprobs
-from ..core.tree import StaticTree, TreeBuffers, buffers_from_parents, select_best_nodes
+from ..core.tree import StaticTree, TreeBuffers, best_nodes, buffers_from_parents
 from ..engine.kv_cache import RowCache
 
 
-PRUNED_KEPT = 256  # a floored tree's kept node sets whose buffers a drafter keeps (then starts over)
+SHAPES_KEPT = 256  # tree shapes (floored or dynamic) whose buffers a drafter keeps (then starts over)
 
 
 @dataclass(frozen=True)
@@ -116,15 +124,19 @@ class EagerHeadSteps:
 
 
 class Drafter:
-    def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0):
+    def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0,
+                 rerank: int = 0):
         """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
         target token ids an EAGLE-1 draft may propose (a reduced vocabulary, FR-Spec style), or None
-        for the full vocabulary; an EAGLE-3 head brings its own. floor: a static tree's confidence
-        floor (module docstring; 0 = the whole tree every step)."""
+        for the full vocabulary; an EAGLE-3 head brings its own. floor: the confidence floor of a
+        lone sequence's tree (module docstring; 0 = the whole tree every step). rerank: k > 0 grows
+        a static tree for a lone sequence as dynamic:k,D,N of its depth D and N draft nodes."""
         if not 0.0 <= floor < 1.0:
             raise ValueError(f"the draft floor is a probability in [0, 1), got {floor}")
-        self.floor = floor
-        self._pruned: dict[tuple[int, ...], TreeBuffers] = {}  # kept nodes -> their tree's buffers
+        if rerank < 0:
+            raise ValueError(f"rerank is a top-k (0: off), got {rerank}")
+        self.floor, self.rerank = floor, rerank
+        self._shapes: dict[tuple[int, ...], TreeBuffers] = {}  # parent arrays -> their tree's buffers
         self.head = head.eval()
         self.target = target
         self.tree = tree
@@ -140,7 +152,9 @@ class Drafter:
                              [(c, int(tree.parents[c]), int(tree.ranks[c])) for c in tree.level(d + 1).tolist()])
                             for d in range(tree.depth)]
             self._k = max(topk)
+            self._lone = DynamicTreeSpec(rerank, tree.depth, tree.num_nodes - 1) if rerank and tree.depth else tree
         else:
+            self._lone = tree
             self.max_nodes = tree.total_tokens + 1
         # a step's new real pairs: the accepted tokens and the next one, at most depth + 1 (more
         # after steps without drafts); a compiled head pads to this, so one graph serves them all
@@ -198,12 +212,14 @@ class Drafter:
         out = self._absorb(state, new_tokens, new_features)
         growths = [_Growth(root, out[r, counts[r] - 1], device) for r, root in enumerate(roots)]
         base = state.rows.length
-        if isinstance(self.tree, StaticTree):
-            floor = self.floor if len(roots) == 1 else 0.0  # a batch of several drafts its trees whole
+        lone = len(roots) == 1
+        floor = self.floor if lone else 0.0  # a batch of several drafts its trees whole
+        tree = self._lone if lone else self.tree
+        if isinstance(tree, StaticTree):
             self._grow_static(state, growths, base, noise, floor)
             state.rows.crop(base)  # forget the pairs built from predicted features
             return [self._floored(g, device, floor) for g in growths]
-        keeps = self._grow_dynamic(state, growths, base, noise)
+        keeps = self._grow_dynamic(state, growths, base, noise, floor, tree)
         state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
 
@@ -276,7 +292,7 @@ class Drafter:
     def _floored(self, g: _Growth, device, floor: float) -> DraftTree:
         """The static tree's nodes this row verifies: all of them, or those at or above the floor
         (closed under parents, since q's path probability only falls along a path; renumbered in
-        the tree's order). The buffers of the kept sets seen lately are kept (at most PRUNED_KEPT)."""
+        the tree's order). The buffers of the kept sets seen lately are kept (at most SHAPES_KEPT)."""
         tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
         if floor <= 0:
             return DraftTree(tokens, self.tree.buffers)
@@ -284,46 +300,52 @@ class Drafter:
         keep = tuple(n for n, c in enumerate(g.conf) if n == 0 or c >= floor)
         if len(keep) == self.tree.num_nodes:
             return DraftTree(tokens, self.tree.buffers)
-        buffers = self._pruned.get(keep)
-        if buffers is None:
-            if len(self._pruned) >= PRUNED_KEPT:
-                self._pruned.clear()
-            index = {old: new for new, old in enumerate(keep)}
-            parents = torch.tensor([-1] + [index[g.parents[n]] for n in keep[1:]], dtype=torch.long)
-            buffers = self._pruned[keep] = buffers_from_parents(parents)
+        index = {old: new for new, old in enumerate(keep)}
+        buffers = self._buffers(tuple([-1] + [index[g.parents[n]] for n in keep[1:]]))
         return DraftTree(tokens[list(keep)], buffers)
 
     def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
-                      noise: list[DraftNoise | None] | None) -> list[torch.Tensor]:
-        spec: DynamicTreeSpec = self.tree
+                      noise: list[DraftNoise | None] | None, floor: float, spec: DynamicTreeSpec) -> list[list[int]]:
+        """EAGLE-2: each level expands the top_k nodes of the one above with the best cumulative
+        scores; returns each row's kept nodes (the best total_tokens, root first, ascending). With
+        a floor, a level none of whose frontier nodes reaches it is not drafted."""
+        k = spec.top_k
+        floor = math.log(floor) if floor > 0 else -math.inf
         frontiers = [[0] for _ in growths]
         for d in range(spec.depth):
             if d > 0:
+                if all(g.conf[n] < floor for g, f in zip(growths, frontiers) for n in f):
+                    break  # no frontier node reaches the floor: this level is not drafted
                 self._expand(state, growths, frontiers, base)
-            logp = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in f]) for g, f in zip(growths, frontiers)]))
-            logp = self._ranked(logp, noise, d)
-            top_lp, top_ids = logp.topk(spec.top_k, dim=-1)  # [B, F, k]
-            all_ids = self._to_target_ids(top_ids).flatten(1).tolist()
+            q = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in f]) for g, f in zip(growths, frontiers)]))
+            logp = self._ranked(q, noise, d)
+            top_lp, top_ids = logp.topk(k, dim=-1)  # [B, F, k]
+            top_q = top_lp if logp is q else q.gather(-1, top_ids)
+            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids).tolist()
             for r, (g, frontier) in enumerate(zip(growths, frontiers)):
-                base_lp = torch.tensor([g.scores[n] for n in frontier], device=logp.device)[:, None]
-                cum = (base_lp + top_lp[r]).flatten()  # [F * k]
-                ids, cum_list = all_ids[r], cum.tolist()
-                created = [g.add(ids[i], frontier[i // spec.top_k], cum_list[i]) for i in range(len(ids))]
-                best = cum.topk(min(spec.top_k, cum.numel())).indices.tolist()
-                frontiers[r] = [created[i] for i in sorted(best)]
+                created = [g.add(top_ids[r][i][j], par, g.scores[par] + top_lp[r][i][j], top_q[r][i][j])
+                           for i, par in enumerate(frontier) for j in range(k)]
+                best = sorted(created, key=lambda n: -g.scores[n])[:k]  # ties: the earlier node
+                frontiers[r] = sorted(best)
         keeps = []
-        for g in growths:
-            candidates = torch.tensor(g.scores[1:])
-            parents = torch.tensor([p - 1 for p in g.parents[1:]])  # candidate indices; root -> -1
-            chosen = select_best_nodes(candidates, parents, spec.total_tokens)
-            keeps.append(torch.cat([torch.zeros(1, dtype=torch.long), chosen + 1]))
+        for g in growths:  # candidates 1.. (the root aside)
+            kept = best_nodes(g.scores[1:], [p - 1 for p in g.parents[1:]], spec.total_tokens)
+            keeps.append([0] + [i + 1 for i in kept])
         return keeps
 
-    @staticmethod
-    def _finish(g: _Growth, keep: torch.Tensor, device) -> DraftTree:
-        """Renumber the kept nodes 0..N-1 (keep is ascending, root first, closed under parents)."""
-        keep_list = keep.tolist()
-        new_index = {old: i for i, old in enumerate(keep_list)}
-        parents = torch.tensor([-1] + [new_index[g.parents[o]] for o in keep_list[1:]], dtype=torch.long)
-        tokens = torch.tensor([g.tokens[o] for o in keep_list], dtype=torch.long, device=device)
-        return DraftTree(tokens, buffers_from_parents(parents))
+    def _finish(self, g: _Growth, keep: list[int], device) -> DraftTree:
+        """Renumber the kept nodes 0..N-1 (keep is ascending, root first, closed under parents);
+        the buffers of the shapes seen lately are kept (at most SHAPES_KEPT)."""
+        tokens = torch.tensor([g.tokens[o] for o in keep], dtype=torch.long, device=device)
+        index = {old: i for i, old in enumerate(keep)}
+        parents = tuple([-1] + [index[g.parents[o]] for o in keep[1:]])
+        return DraftTree(tokens, self._buffers(parents))
+
+    def _buffers(self, parents: tuple[int, ...]) -> TreeBuffers:
+        """The tree buffers of a parent array, from the drafter's store of recent shapes."""
+        buffers = self._shapes.get(parents)
+        if buffers is None:
+            if len(self._shapes) >= SHAPES_KEPT:
+                self._shapes.clear()
+            buffers = self._shapes[parents] = buffers_from_parents(torch.tensor(parents, dtype=torch.long))
+        return buffers

@@ -31,7 +31,7 @@ from ..draft.vocab import load_draft_vocab
 from ..errors import EagleError
 from .batch import Batch, StepOutput, StepStats
 from .target import TargetModel, check_device, default_dtype, load_target
-from .tuning import STATS_FILE, AdaptiveTree
+from .tuning import STATS_FILE, AdaptiveTree, rerank_top_k
 
 INEXACT_TREES = ("its trees may verify tokens whose logits differ from one-token decoding by more than fp32 "
                  "summation order, so a sampled id could change with the tree or the batch")
@@ -104,6 +104,7 @@ class EagleGenerator:
         self.numerics_note = ""  # what dtype 'auto' chose and why
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
+        self.rerank = True  # with a tuned tree: a lone sequence grows each size EAGLE-2 style (tuning.rerank_top_k)
         self.draft_floor: float | None = None  # a static tree's confidence floor; None: the tuned one for auto
         self._whole = False  # inside `whole_trees`: every static tree drafted whole
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
@@ -133,7 +134,7 @@ class EagleGenerator:
         summation order ("lossless up to floating-point rounding"; numerics.py). compile: 'auto'
         (where a C++ compiler is there; eager on CUDA), 'on', 'off' (eager kernels), or None: the
         EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
-        draft_floor: a static tree's confidence floor in [0, 1) (draft/drafter.py; `floor_for`), or
+        draft_floor: a lone sequence's confidence floor in [0, 1) (draft/drafter.py; `floor_for`), or
         None: the tuned one with tree='auto', 0 (the whole tree) otherwise.
 
         The device, the tree and the head's own files are checked before the target loads (which
@@ -252,7 +253,7 @@ class EagleGenerator:
                 self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
     def _floored_sizes(self, trees: list) -> list:
-        """A chain for each smaller verification width that a lone sequence's static tree with a
+        """A chain for each smaller verification width that a lone sequence's tree with a
         confidence floor may verify (the floor cuts it to fewer nodes), so that those graphs are
         built with the rest (the chains' own head steps too: a few more, seconds each); --tree
         auto's trees need none (its smaller trees are warmed already)."""
@@ -261,8 +262,8 @@ class EagleGenerator:
         tuned = [t for _, t in self.tuned.trees] if self.tuned is not None else []
         widths = set()
         for tree in trees:
-            if isinstance(tree, StaticTree) and self.floor_for(tree) > 0 and not any(tree is t for t in tuned):
-                widths |= {b for b in QUERY_BUCKETS if 2 <= b < bucket(tree.num_nodes, QUERY_BUCKETS)}
+            if self.floor_for(tree) > 0 and not any(tree is t for t in tuned):
+                widths |= {b for b in QUERY_BUCKETS if 2 <= b < bucket(_verified_tokens(tree), QUERY_BUCKETS)}
         return [parse_tree(f"chain:{b - 1}") for b in sorted(widths)]
 
     @torch.no_grad()
@@ -366,11 +367,19 @@ class EagleGenerator:
             return self.drafter
         if self.head is None:
             return None
-        floor = self.floor_for(tree)
-        key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor)
+        floor, rerank = self.floor_for(tree), self.rerank_for(tree)
+        key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor, rerank)
         if key not in self._drafters:
-            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor)
+            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank)
         return self._drafters[key]
+
+    def rerank_for(self, tree) -> int:
+        """The top-k with which a lone sequence grows `tree` EAGLE-2 style (Drafter's rerank): that
+        of --tree auto's tuned trees unless `rerank` is off, else 0 (the tree's own shape)."""
+        tuned = self.tuned
+        if not self.rerank or tuned is None or not any(tree is t for _, t in tuned.trees):
+            return 0
+        return rerank_top_k(tree.num_nodes - 1)
 
     @contextlib.contextmanager
     def whole_trees(self):
@@ -383,9 +392,9 @@ class EagleGenerator:
             self._whole = before
 
     def floor_for(self, tree) -> float:
-        """The confidence floor `tree` drafts with (draft/drafter.py): `draft_floor` when set (static
-        trees only), else the tuned one for --tree auto's trees, else 0 (the whole tree)."""
-        if not isinstance(tree, StaticTree) or self._whole:
+        """The confidence floor `tree` drafts with (draft/drafter.py): `draft_floor` when set, else
+        the tuned one for --tree auto's trees, else 0 (the whole tree)."""
+        if tree is None or self._whole:
             return 0.0
         if self.draft_floor is not None:
             return self.draft_floor

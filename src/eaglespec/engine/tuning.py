@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -133,6 +134,15 @@ NOISE_FLOOR = 0.02  # seconds: spreads are judged against at least this (steps o
 
 
 @torch.no_grad()
+def rerank_top_k(nodes: int) -> int:
+    """The top-k with which one sequence grows --tree auto's tree of `nodes` draft nodes EAGLE-2
+    style (Drafter's rerank): 2 up to 8 nodes, the CPU trees, where a wider frontier measured no
+    better (docs/benchmarks.md, "EAGLE-2 growth for the tuned trees"), then about the square root,
+    so that a GPU-sized tree of 60 nodes expands 7 a level, near EAGLE-2's own 8-10 (not measured
+    here)."""
+    return max(2, math.isqrt(nodes)) if nodes > 8 else 2
+
+
 def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 5,
                        batch: int = 1) -> tuple[float, dict[int, tuple[float, float]], float]:
     """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}, noise) for `batch` sequences
@@ -166,8 +176,8 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
         target.verify_rows(tokens, rows, mask.expand(batch, n, n), depth.expand(batch, n), [n] * batch, layers)
         rows.crop(context)
 
-    def drafting(tree: StaticTree):
-        drafter = Drafter(gen.head, target, tree, gen.draft_vocab)
+    def drafting(tree: StaticTree):  # one sequence grows it EAGLE-2 style, as it will decode
+        drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1) if batch == 1 else 0)
         state = drafter.new_state(batch)
         # the head's cache: context - 2 pairs per row
         drafter.draft_rows(state, [prompt[0, 1:-1]] * batch, [features[:-2]] * batch, [int(prompt[0, -2])] * batch)
@@ -207,8 +217,9 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
 
 # -- the cost curve, cached per machine ---------------------------------------------------------
 RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
-COST_SCHEME = 4                   # bump when what measure_step_costs times changes (3: the draft LM head compiled;
-                                  # 4: costs paired with an adjacent vanilla step)
+COST_SCHEME = 5                   # bump when what measure_step_costs times changes (3: the draft LM head compiled;
+                                  # 4: costs paired with an adjacent vanilla step; 5: one sequence's
+                                  # drafting grown EAGLE-2 style, rerank_top_k)
 COST_CONTEXT = 256                # tokens in the cache a cost is measured on
 
 
@@ -404,18 +415,25 @@ class TunedTree:
         n = self.tree.num_nodes - 1
         return next(row[2] for row in self.table if row[0] == n) / max(self.tree.depth, 1)
 
-    def describe(self, floor: float | None = None) -> str:
+    def describe(self, floor: float | None = None, rerank: int | None = None) -> str:
         """What was chosen and why: two lines, more for batches and when drafting is predicted to lose.
-        floor: the confidence floor in use when not the tuned one (--draft-floor)."""
+        floor: the confidence floor in use when not the tuned one (--draft-floor); rerank: the
+        top-k of a lone sequence's EAGLE-2 growth when not `rerank_top_k`'s (0: the static shape)."""
         floor = self.floor if floor is None else floor
         paths = [list(p) for p in self.tree.paths]
         n = self.tree.num_nodes - 1
+        rerank = rerank_top_k(n) if rerank is None else rerank
         draft, verify = next((row[2], row[3]) for row in self.table if row[0] == n)
+        if rerank:
+            how = (f"one sequence grows it EAGLE-2 style (dynamic:{rerank},{self.tree.depth},{n}: each step verifies "
+                   f"the {n} nodes the draft is surest of)" + (f", and a level with no node the draft gives {floor:.2f} "
+                                                              "or more is not drafted" if floor > 0 else ""))
+        else:
+            how = (f"nodes the draft gives less than {floor:.2f} are not verified" if floor > 0
+                   else "the whole tree every step (--draft-floor 0)")
         text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} for a step "
                 f"costing {(draft + verify) / self.vanilla:.2f}x a vanilla step: predicted speedup "
-                f"{self.predicted_speedup:.2f}x; paths {paths}; "
-                + (f"nodes the draft gives less than {floor:.2f} are not verified" if floor > 0
-                   else "the whole tree every step (--draft-floor 0)"))
+                f"{self.predicted_speedup:.2f}x; paths {paths}; {how}")
         if self.by_batch:
             text += "\nauto tree by batch size: " + ", ".join(
                 f"{c.batch}: {'no drafts' if c.tree is None else f'{c.tree.num_nodes - 1} nodes'} "
