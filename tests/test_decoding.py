@@ -113,6 +113,7 @@ def test_a_floor_stops_a_dynamic_trees_drafting_and_keeps_the_output(arch, monke
     assert_same_or_tie(target, PROMPT, vanilla.token_ids, floored.token_ids)
     assert 0 < len(levels) < whole_levels  # levels below the floor are not drafted
     assert {s.tree_size for s in floored.steps[:-1]} <= {3, 4}  # 2 nodes when only the first level was drafted
+    assert sum(s.levels - 1 for s in floored.steps) == len(levels) and {s.levels for s in whole.steps} == {3}
     gen.draft_floor = 0.9  # nothing reaches it: the first level alone, its 2 best nodes verified
     levels.clear()
     first = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())

@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_target
 from oracle import OracleDrafter
 
+from eaglespec.draft.drafter import Drafter
 from eaglespec.draft.head import EagleHead
 from eaglespec.engine import tuning
 from eaglespec.engine.decoding import EagleGenerator
@@ -534,9 +535,27 @@ def test_an_adaptive_tree_from_an_incomplete_table_is_refused_in_one_line():
         AdaptiveTree(ladder, 0.010, start=2, window=0)
 
 
+def test_a_step_whose_drafting_stopped_early_is_judged_at_the_levels_it_drafted():
+    """A grown tree verifies its N best of the levels drafted: a step that drafted fewer levels
+    costs the ladder tree of its width less the levels it did not draft (not the whole tree)."""
+    from eaglespec.engine.tuning import AdaptiveTree
+
+    ladder = _ladder()  # 1, 3 (depth 2), 7 (depth 3) nodes at 11, 12, 16 ms; vanilla 10 ms
+    policy = AdaptiveTree(ladder, 0.010, 3, level_cost=0.002)
+    assert policy.step_cost(8, 3) is None  # the whole tree
+    assert policy.step_cost(8, 2) == pytest.approx(0.014)  # every node verified, one level fewer
+    assert policy.step_cost(3, 1) == pytest.approx(0.012 - 0.002)  # 3 tokens after one level: the 3-node tree less a level
+    assert policy.step_cost(2, 1) == pytest.approx(0.011)  # the 1-node tree drafts one level: nothing saved
+    assert policy.step_cost(1, 2) == pytest.approx(0.010 + 2 * 0.002)  # the root alone after two levels
+    assert policy.step_cost(3) == 0.012  # levels unknown: read from the width (a static tree cut by the floor)
+    assert policy.step_cost(1) == pytest.approx(0.012)  # the root alone, one level unknown-ly drafted
+
+
 def test_rerank_top_k_is_two_for_cpu_trees_then_about_the_square_root():
-    assert [tuning.rerank_top_k(n) for n in (1, 3, 7, 8)] == [2, 2, 2, 2]
-    assert [tuning.rerank_top_k(n) for n in (9, 16, 24, 60)] == [3, 4, 4, 7]
+    assert [tuning.rerank_top_k(n, 3) for n in (1, 3, 7, 8)] == [2, 2, 2, 2]
+    assert [tuning.rerank_top_k(n, 6) for n in (9, 16, 24, 60)] == [3, 4, 4, 7]
+    # raised until k a level can hold the tree: a shallow, wide tree
+    assert tuning.rerank_top_k(3, 1) == 3 and tuning.rerank_top_k(7, 2) == 3 and tuning.rerank_top_k(12, 1) == 12
 
 
 def test_a_lone_sequence_grows_the_tuned_trees_eagle2_style(tmp_path, monkeypatch):
@@ -552,7 +571,7 @@ def test_a_lone_sequence_grows_the_tuned_trees_eagle2_style(tmp_path, monkeypatc
     use_auto_tree(gen)
     tree = gen.tree
     n, static_parents = tree.num_nodes - 1, tree.buffers.parents.tolist()
-    k = tuning.rerank_top_k(n)
+    k = tuning.rerank_top_k(n, tree.depth)
     assert n >= 3 and gen.rerank_for(tree) == k and gen._drafter(tree).rerank == k
     assert f"dynamic:{k},{tree.depth},{n}" in gen.tuned.describe() and "EAGLE-2" in gen.tuned.describe()
     assert "not verified" in gen.tuned.describe(rerank=0)
@@ -573,9 +592,11 @@ def test_a_lone_sequence_grows_the_tuned_trees_eagle2_style(tmp_path, monkeypatc
     assert gen.rerank_for(tree) == 0
     assert all(p == static_parents for p in shapes())
     gen.rerank = True
-    together = []
+    together, grown = [], []
+    grow = Drafter._grow_dynamic
+    monkeypatch.setattr(Drafter, "_grow_dynamic", lambda self, *a: grown.append(1) or grow(self, *a))
     batch = gen.generate_batch(input_ids=[PROMPT, PROMPT[:6]], max_new_tokens=8, stop_token_ids=set())
-    assert batch[0].token_ids == vanilla[:8]
+    assert batch[0].token_ids == vanilla[:8] and grown == []  # two sequences: the static shape
     drafter = gen._drafter(tree)
     state = drafter.new_state(2)
     feats = torch.zeros(3, target.hidden_size, dtype=target.dtype)

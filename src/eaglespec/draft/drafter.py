@@ -136,6 +136,7 @@ class Drafter:
         if rerank < 0:
             raise ValueError(f"rerank is a top-k (0: off), got {rerank}")
         self.floor, self.rerank = floor, rerank
+        self.last_levels = 0  # levels the latest draft_rows grew (a floor may stop it early)
         self._shapes: dict[tuple[int, ...], TreeBuffers] = {}  # parent arrays -> their tree's buffers
         self.head = head.eval()
         self.target = target
@@ -216,10 +217,10 @@ class Drafter:
         floor = self.floor if lone else 0.0  # a batch of several drafts its trees whole
         tree = self._lone if lone else self.tree
         if isinstance(tree, StaticTree):
-            self._grow_static(state, growths, base, noise, floor)
+            self.last_levels = self._grow_static(state, growths, base, noise, floor)
             state.rows.crop(base)  # forget the pairs built from predicted features
             return [self._floored(g, device, floor) for g in growths]
-        keeps = self._grow_dynamic(state, growths, base, noise, floor, tree)
+        keeps, self.last_levels = self._grow_dynamic(state, growths, base, noise, floor, tree)
         state.rows.crop(base)
         return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
 
@@ -270,12 +271,13 @@ class Drafter:
             g.slots.extend(ns)
 
     def _grow_static(self, state: DraftState, growths: list[_Growth], base: int,
-                     noise: list[DraftNoise | None] | None, floor: float = 0.0) -> None:
+                     noise: list[DraftNoise | None] | None, floor: float = 0.0) -> int:
+        """Grow the static tree level by level; -> the levels grown (a floor may stop it early)."""
         floor = math.log(floor) if floor > 0 else -math.inf
         for d, (expand, children) in enumerate(self._levels):
             if d > 0:
                 if all(g.conf[n] < floor for g in growths for n in expand):
-                    return  # no row would verify this level's children: it is not drafted
+                    return d  # no row would verify this level's children: it is not drafted
                 self._expand(state, growths, [expand] * len(growths), base)
             q = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
             logp = self._ranked(q, noise, d)
@@ -288,6 +290,7 @@ class Drafter:
                     i = row[par]
                     node = g.add(ids[i][rank], par, g.scores[par] + lp[i][rank], lq[i][rank])
                     assert node == child, "static tree levels must be contiguous and ordered"
+        return len(self._levels)
 
     def _floored(self, g: _Growth, device, floor: float) -> DraftTree:
         """The static tree's nodes this row verifies: all of them, or those at or above the floor
@@ -305,13 +308,16 @@ class Drafter:
         return DraftTree(tokens[list(keep)], buffers)
 
     def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
-                      noise: list[DraftNoise | None] | None, floor: float, spec: DynamicTreeSpec) -> list[list[int]]:
+                      noise: list[DraftNoise | None] | None, floor: float, spec: DynamicTreeSpec
+                      ) -> tuple[list[list[int]], int]:
         """EAGLE-2: each level expands the top_k nodes of the one above with the best cumulative
-        scores; returns each row's kept nodes (the best total_tokens, root first, ascending). With
-        a floor, a level none of whose frontier nodes reaches it is not drafted."""
+        scores; returns each row's kept nodes (the best total_tokens, root first, ascending) and
+        the levels grown. With a floor, a level none of whose frontier nodes reaches it is not
+        drafted."""
         k = spec.top_k
         floor = math.log(floor) if floor > 0 else -math.inf
         frontiers = [[0] for _ in growths]
+        grown = 0
         for d in range(spec.depth):
             if d > 0:
                 if all(g.conf[n] < floor for g, f in zip(growths, frontiers) for n in f):
@@ -327,11 +333,12 @@ class Drafter:
                            for i, par in enumerate(frontier) for j in range(k)]
                 best = sorted(created, key=lambda n: -g.scores[n])[:k]  # ties: the earlier node
                 frontiers[r] = sorted(best)
+            grown = d + 1
         keeps = []
         for g in growths:  # candidates 1.. (the root aside)
             kept = best_nodes(g.scores[1:], [p - 1 for p in g.parents[1:]], spec.total_tokens)
             keeps.append([0] + [i + 1 for i in kept])
-        return keeps
+        return keeps, grown
 
     def _finish(self, g: _Growth, keep: list[int], device) -> DraftTree:
         """Renumber the kept nodes 0..N-1 (keep is ascending, root first, closed under parents);

@@ -47,6 +47,7 @@ class StepStats:
     tree_size: int   # tokens the target verified (root included)
     bonus: bool = False  # the target's token ends an accepted path at a leaf of a drafted tree (a bonus token);
                          # False: a recovered token (a node whose children were all rejected), or no draft tree
+    levels: int | None = None  # draft levels grown this step (a floor may stop before the tree's depth); None: not said
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ class Batch:
         drafting = any(s.speculative for s in seqs)
         drafter = self.choose(len(seqs)) if self.drafter is not None and drafting else None
         trees = self._draft_trees(drafter)
+        levels = getattr(drafter, "last_levels", None)  # None: no drafter, or one that does not say (an oracle)
         sizes = [t.tokens.numel() for t in trees]
         width = max(sizes)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=target.device)
@@ -226,7 +228,7 @@ class Batch:
             seq.produced += len(emit)
             seq.finish_reason = "stop" if emit[-1] in seq.stops else "length" if seq.produced >= seq.budget else None
             bonus = sizes[r] > 1 and tree.buffers.leaf[int(acc.path[-1])]
-            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus),
+            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus, levels),
                                             seq.finish_reason)))
             new_tokens, new_hidden = torch.tensor(new, device=target.device), states.hidden[r][path]
             if drafter is None:  # the head has not seen the pending pairs: they wait for its next draft

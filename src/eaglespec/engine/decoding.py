@@ -105,8 +105,8 @@ class EagleGenerator:
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
         self.rerank = True  # with a tuned tree: a lone sequence grows each size EAGLE-2 style (tuning.rerank_top_k)
-        self.draft_floor: float | None = None  # a static tree's confidence floor; None: the tuned one for auto
-        self._whole = False  # inside `whole_trees`: every static tree drafted whole
+        self.draft_floor: float | None = None  # a lone sequence's confidence floor; None: the tuned one for auto
+        self._whole = False  # inside `whole_trees`: no confidence floor (every level drafted)
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
@@ -379,12 +379,13 @@ class EagleGenerator:
         tuned = self.tuned
         if not self.rerank or tuned is None or not any(tree is t for _, t in tuned.trees):
             return 0
-        return rerank_top_k(tree.num_nodes - 1)
+        return rerank_top_k(tree.num_nodes - 1, tree.depth)
 
     @contextlib.contextmanager
     def whole_trees(self):
-        """Inside the block every static tree is drafted whole, whatever the floor: for warming up
-        (every width must be built) and calibration (which reads each node's rank and depth)."""
+        """Inside the block no confidence floor applies (every level drafted, a static tree's every
+        node verified): for warming up (every width must be built) and calibration (which reads
+        each node's rank and depth). Tuned trees are still grown EAGLE-2 style for one sequence."""
         before, self._whole = self._whole, True
         try:
             yield
@@ -430,7 +431,7 @@ class EagleGenerator:
                         return
                 out = outputs[0]
                 if out.finish_reason is None:  # a last step is cut short (stop, budget): not evidence
-                    policy.observe(out.stats.emitted, policy.step_cost(out.stats.tree_size))
+                    policy.observe(out.stats.emitted, policy.step_cost(out.stats.tree_size, out.stats.levels))
         elif sized is not None:
             choose = sized
         return Batch(self.target, drafter, choose, report)

@@ -133,16 +133,20 @@ NOISE_TRIES = 3     # measurements of a noisy curve before it is kept, flagged
 NOISE_FLOOR = 0.02  # seconds: spreads are judged against at least this (steps of a few ms jitter by a ms)
 
 
+def rerank_top_k(nodes: int, depth: int) -> int:
+    """The top-k with which one sequence grows --tree auto's tree of `nodes` draft nodes and
+    `depth` levels EAGLE-2 style (Drafter's rerank): 2 up to 8 nodes, the CPU trees, where a wider
+    frontier measured no better (docs/benchmarks.md, "EAGLE-2 growth for the tuned trees"), then
+    about the square root, so that a GPU-sized tree of 60 nodes expands 7 a level, near EAGLE-2's
+    own 8-10 (not measured here); raised where k a level could not hold the tree's nodes (k + k^2
+    (depth - 1) candidates: a shallow, wide tree)."""
+    k = max(2, math.isqrt(nodes)) if nodes > 8 else 2
+    while k + k * k * (depth - 1) < nodes:
+        k += 1
+    return k
+
+
 @torch.no_grad()
-def rerank_top_k(nodes: int) -> int:
-    """The top-k with which one sequence grows --tree auto's tree of `nodes` draft nodes EAGLE-2
-    style (Drafter's rerank): 2 up to 8 nodes, the CPU trees, where a wider frontier measured no
-    better (docs/benchmarks.md, "EAGLE-2 growth for the tuned trees"), then about the square root,
-    so that a GPU-sized tree of 60 nodes expands 7 a level, near EAGLE-2's own 8-10 (not measured
-    here)."""
-    return max(2, math.isqrt(nodes)) if nodes > 8 else 2
-
-
 def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 5,
                        batch: int = 1) -> tuple[float, dict[int, tuple[float, float]], float]:
     """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}, noise) for `batch` sequences
@@ -177,7 +181,7 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
         rows.crop(context)
 
     def drafting(tree: StaticTree):  # one sequence grows it EAGLE-2 style, as it will decode
-        drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1) if batch == 1 else 0)
+        drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1, tree.depth) if batch == 1 else 0)
         state = drafter.new_state(batch)
         # the head's cache: context - 2 pairs per row
         drafter.draft_rows(state, [prompt[0, 1:-1]] * batch, [features[:-2]] * batch, [int(prompt[0, -2])] * batch)
@@ -422,7 +426,7 @@ class TunedTree:
         floor = self.floor if floor is None else floor
         paths = [list(p) for p in self.tree.paths]
         n = self.tree.num_nodes - 1
-        rerank = rerank_top_k(n) if rerank is None else rerank
+        rerank = rerank_top_k(n, self.tree.depth) if rerank is None else rerank
         draft, verify = next((row[2], row[3]) for row in self.table if row[0] == n)
         if rerank:
             how = (f"one sequence grows it EAGLE-2 style (dynamic:{rerank},{self.tree.depth},{n}: each step verifies "
@@ -507,20 +511,28 @@ class AdaptiveTree:
     def tree(self):
         return self.ladder[self.level][0]
 
-    def step_cost(self, verified: int) -> float | None:
+    def step_cost(self, verified: int, levels: int | None = None) -> float | None:
         """The predicted seconds of a step of the current tree that verified `verified` tokens (root
-        included) after drafting fewer of its levels: the cheapest tree of the ladder that verifies
-        at least as many, or a vanilla step and one level of drafting when only the root is
-        verified. None: the current rung's own cost (the whole tree, or a vanilla step at vanilla).
-        (A generation's last step, cut at its stop or budget, is not observed: decoding.new_batch.)"""
+        included) after drafting `levels` levels (a confidence floor stops the drafting early; None:
+        unknown, read from the width as a static tree's floor cuts it): the cheapest tree of the
+        ladder that verifies at least as many, less the levels it drafts and this step did not, or
+        a vanilla step and the levels drafted (one when unknown) when only the root is verified.
+        None: the current rung's own cost (the whole tree drafted and verified, or a vanilla step
+        at vanilla). (A generation's last step, cut at its stop or budget, is not observed:
+        decoding.new_batch.)"""
         tree, _, full = self.ladder[self.level]
-        if tree is None or verified >= tree.num_nodes:
+        if tree is None or verified >= tree.num_nodes and (levels is None or levels >= tree.depth):
             return None
-        if verified <= 1:
-            return self.vanilla + self.level_cost
-        # the smallest tree of the ladder that verifies as many: its verification width, or wider
-        return min((cost for t, _, cost in self.ladder if t is not None and verified <= t.num_nodes <= tree.num_nodes),
-                   default=None)
+        if verified <= 1:  # a static tree's root alone: its first level drafted, unless said otherwise
+            return self.vanilla + self.level_cost * max(levels or 1, 1)
+        # the smallest tree of the ladder that verifies as many (its verification width, or wider),
+        # less its levels this step did not draft (a grown tree verifies its N best of fewer levels)
+        fits = [(t.num_nodes, t.depth, cost) for t, _, cost in self.ladder
+                if t is not None and verified <= t.num_nodes <= tree.num_nodes]
+        if not fits:
+            return None
+        _, depth, cost = min(fits)
+        return cost - self.level_cost * max(depth - (depth if levels is None else levels), 0)
 
     def reset(self) -> None:
         """Start afresh for another text (a server's next request in the same batch): the tuned

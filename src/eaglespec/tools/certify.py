@@ -409,7 +409,9 @@ def describe(gen) -> dict:
 
     tree = gen.tree
     if isinstance(tree, StaticTree):
-        tree = f"{'auto: ' if gen.tuned is not None else ''}static, {tree.num_nodes - 1} draft nodes, depth {tree.depth}"
+        grown = gen.rerank_for(tree)
+        tree = (f"{'auto: ' if gen.tuned is not None else ''}static, {tree.num_nodes - 1} draft nodes, depth {tree.depth}"
+                + (f" (a lone sequence grows it as dynamic:{grown},{tree.depth},{tree.num_nodes - 1})" if grown else ""))
     if gen.drafter is not None:  # a ready drafter grows its own trees
         head, tree = f"drafter {type(gen.drafter).__name__}", "the drafter's own"
     else:
