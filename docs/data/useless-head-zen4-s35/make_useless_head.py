@@ -1,11 +1,13 @@
 """A useless head: the 16k head's files with its weights re-initialised (random), so --tree auto
-tunes the same tree from the shipped acceptance.json but no draft is ever right."""
-import shutil, torch
+tunes the same tree from the shipped acceptance.json but no draft is ever right.
+    python make_useless_head.py [OUT]   (default runs/useless-head)"""
+import shutil, sys, torch
 from pathlib import Path
+import eaglespec
 from eaglespec.draft.head import EagleHead
 from eaglespec.engine.target import load_target
-src = Path("/work/main/src/eaglespec/heads/smollm2-135m-instruct-16k")
-out = Path("/tmp/s35/useless-head")
+src = Path(eaglespec.__file__).parent / "heads" / "smollm2-135m-instruct-16k"
+out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/useless-head")
 out.mkdir(parents=True, exist_ok=True)
 for f in ("acceptance.json", "draft_vocab.safetensors"):
     shutil.copy(src / f, out / f)

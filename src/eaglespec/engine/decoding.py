@@ -259,10 +259,9 @@ class EagleGenerator:
         auto's trees need none (its smaller trees are warmed already)."""
         from .compiled import QUERY_BUCKETS, bucket
 
-        tuned = [t for _, t in self.tuned.trees] if self.tuned is not None else []
         widths = set()
         for tree in trees:
-            if self.floor_for(tree) > 0 and not any(tree is t for t in tuned):
+            if self.floor_for(tree) > 0 and not self._is_tuned(tree):
                 widths |= {b for b in QUERY_BUCKETS if 2 <= b < bucket(_verified_tokens(tree), QUERY_BUCKETS)}
         return [parse_tree(f"chain:{b - 1}") for b in sorted(widths)]
 
@@ -376,10 +375,13 @@ class EagleGenerator:
     def rerank_for(self, tree) -> int:
         """The top-k with which a lone sequence grows `tree` EAGLE-2 style (Drafter's rerank): that
         of --tree auto's tuned trees unless `rerank` is off, else 0 (the tree's own shape)."""
-        tuned = self.tuned
-        if not self.rerank or tuned is None or not any(tree is t for _, t in tuned.trees):
+        if not self.rerank or not self._is_tuned(tree):
             return 0
         return rerank_top_k(tree.num_nodes - 1, tree.depth)
+
+    def _is_tuned(self, tree) -> bool:
+        """`tree` is one of --tree auto's tuned trees (the objects themselves)."""
+        return self.tuned is not None and any(tree is t for _, t in self.tuned.trees)
 
     @contextlib.contextmanager
     def whole_trees(self):
@@ -399,10 +401,9 @@ class EagleGenerator:
             return 0.0
         if self.draft_floor is not None:
             return self.draft_floor
-        tuned = self.tuned
-        if tuned is None or not any(tree is t for _, t in tuned.trees):
+        if not self._is_tuned(tree):
             return 0.0
-        return round(tuned.floor, 3)
+        return round(self.tuned.floor, 3)
 
     def new_batch(self, tree="default", speculative: bool = True) -> Batch:
         """An empty batch that sequences join (`Batch.add`) and step together. With the generator's
