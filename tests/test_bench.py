@@ -192,7 +192,7 @@ def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
     below the floor and the root is verified alone. `auto-whole` is auto with the floor off: whole
     trees until the adaptive policy leaves them. All emit vanilla's tokens; the generator's
     settings are left as they were."""
-    from eaglespec.bench.methods import AUTO_FIXED, AUTO_STATIC, AUTO_WHOLE
+    from eaglespec.bench.methods import AUTO_FIXED, AUTO_FLOOR, AUTO_STATIC, AUTO_WHOLE
     from eaglespec.core.tree import static_tree
     from eaglespec.engine.tuning import TunedTree
 
@@ -214,6 +214,17 @@ def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
     assert set(records[AUTO_STATIC].tree_sizes) == {1}  # every node below the floor
     assert records[AUTO_WHOLE].tree_sizes[0] == big.num_nodes
     assert gen.draft_floor is None and gen.rerank is True
+    # auto-floor:P sets the floor: 0 is auto-whole, a high one drafts the first level alone
+    methods, _ = build_methods(gen, f"vanilla,{AUTO_FLOOR}:0,{AUTO_FLOOR}:0.9", [], greedy=True)
+    assert [m.name for m in methods] == [BASELINE, f"{AUTO_FLOOR}:0", f"{AUTO_FLOOR}:0.9"]
+    assert ", floor" not in methods[1].spec and ", floor 0.9," in methods[2].spec
+    floored = {m.name: m.run(ids, 30, SamplingParams()) for m in methods[1:]}
+    assert floored[f"{AUTO_FLOOR}:0"].tree_sizes == records[AUTO_WHOLE].tree_sizes
+    assert max(floored[f"{AUTO_FLOOR}:0.9"].tree_sizes) == 3  # the first level's 2 best at most (adaptive: fewer)
+    assert all(r.token_ids == records[BASELINE].token_ids for r in floored.values()) and gen.draft_floor is None
+    for bad in ("2", "x"):
+        with pytest.raises(EagleError, match=rf"method '{AUTO_FLOOR}:{bad}': {AUTO_FLOOR}:P takes a confidence floor"):
+            build_methods(gen, f"vanilla,{AUTO_FLOOR}:{bad}", [], greedy=True)
 
 # -- the harness on a tiny model -----------------------------------------------------------------
 

@@ -67,6 +67,15 @@ def test_bad_tree_specs(text):
         parse_tree(text)
 
 
+def test_a_dynamic_tree_must_be_able_to_grow_its_nodes():
+    assert parse_tree("dynamic:1,3,3").capacity == 3 and parse_tree("dynamic:2,3,10").capacity == 10
+    with pytest.raises(EagleError, match=r"^dynamic tree dynamic:1,2,3: top-k 1 over 2 levels grows at most 2 draft "
+                                         r"nodes .*; give N <= 2, or a larger K or D$"):
+        parse_tree("dynamic:1,2,3")
+    with pytest.raises(EagleError, match="grows at most 10 draft nodes"):
+        parse_tree("eagle2:12,2,2")  # the official settings: dynamic:2,3,11
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"), (dict(top_p=float("nan")), "top_p"),

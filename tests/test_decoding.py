@@ -78,6 +78,8 @@ def test_a_confidence_floor_verifies_less_and_keeps_the_output(arch, tree, monke
     sizes = [s.tree_size for s in floored.steps]
     assert len(set(sizes)) >= 2 and max(sizes) < full, sizes  # the trees follow the draft's confidence
     assert len(levels) < whole_levels / 2  # levels below the floor are not drafted
+    # each step says the levels it drafted: its first, and one head forward for each below it
+    assert sum(s.levels - 1 for s in floored.steps) == len(levels) > 0
     gen.draft_floor = 0.0005  # low enough that some steps keep depth-2 nodes
     seen = []
     for _ in gen.stream(PROMPT, 64, stop_token_ids=set(), observe=lambda t, logits, acc: seen.append(t)):
@@ -92,7 +94,7 @@ def test_a_confidence_floor_verifies_less_and_keeps_the_output(arch, tree, monke
     levels.clear()
     rootonly = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
     assert rootonly.token_ids == floored.token_ids and {s.tree_size for s in rootonly.steps} == {1}
-    assert levels == []
+    assert levels == [] and {s.levels for s in rootonly.steps} == {1}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

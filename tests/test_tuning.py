@@ -167,7 +167,8 @@ def test_the_second_tuning_reads_the_cached_cost_curve(tmp_path, monkeypatch):
     second = tune(gen, stats, sizes=(1, 2, 4), reps=1, cache=tmp_path)
     assert second.tree.paths == first.tree.paths and second.table == first.table  # the same choice
     assert "cached at" in second.costs_source and "--retune" in second.costs_source
-    lines = second.describe().splitlines()
+    # (a curve measured once on a busy machine may predict drafting to lose: that note aside)
+    lines = [line for line in second.describe().splitlines() if not line.startswith("note: even the best tree")]
     assert len(lines) <= 3 and lines[0].startswith("auto tree:") and "cached at" in lines[1]
     # other trees (a head tuned again: new acceptance) are not in the cache: they are measured
     with pytest.raises(AssertionError, match="measured again"):

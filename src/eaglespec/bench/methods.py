@@ -27,6 +27,7 @@ PROMPT_LOOKUP_TOKENS = 10
 AUTO_FIXED = "auto-fixed"      # --tree auto's tuned tree without the adaptive policy: what the policy adds
 AUTO_WHOLE = "auto-whole"      # --tree auto with every step's whole tree (no confidence floor): what the floor adds
 AUTO_STATIC = "auto-static"    # --tree auto with the tuned trees' static shapes (no EAGLE-2 growth): what the growth adds
+AUTO_FLOOR = "auto-floor"      # auto-floor:P, --tree auto with the confidence floor P instead of the tuned one
 TUNED_VARIANTS = (AUTO_FIXED, AUTO_WHOLE, AUTO_STATIC)
 DEFAULT_METHODS = "vanilla,auto,eagle1,chain,dynamic,hf,pld"
 METHODS_HELP = (
@@ -35,6 +36,7 @@ METHODS_HELP = (
     f"{AUTO_FIXED} (the tuned tree kept for every step: what the adaptive policy adds), "
     f"{AUTO_WHOLE} (auto drafting its whole tree every step, --draft-floor 0: what the confidence floor adds), "
     f"{AUTO_STATIC} (auto drafting the tuned trees' static shapes, not grown EAGLE-2 style: what that growth adds), "
+    f"{AUTO_FLOOR}:P (auto with the confidence floor P, as --draft-floor P: floors side by side in one run), "
     "default (the --tree of the generator), eager (vanilla on the eager kernels, beside a compiled baseline), "
     f"hf ({HF_GENERATE}, greedy), pld ({HF_PROMPT_LOOKUP}, greedy), {LLAMA_CPP} (llama-server decoding the "
     f"target's .gguf as it is, greedy), {LLAMA_CPP_F32} (the same of an F32 copy); the llama.cpp methods need "
@@ -69,9 +71,10 @@ class LoopMethod:
         self.gen, self.name, self.tree = gen, name, tree
         self.kind = "baseline" if tree is None else "lossless"
         self.spec = "no drafter" if tree is None else name
-        if name in ("auto", *TUNED_VARIANTS):  # the tuned tree, floor and growth: a resumed run must use the same
+        if name == "auto" or _tuned_variant(name):  # the tuned tree, floor and growth: a resumed run must use the same
             self.spec = f"{name}: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
-            floor = 0.0 if name == AUTO_WHOLE else gen.floor_for(tree)
+            floor = TunedVariant.setting_of(name)[1] if name == AUTO_WHOLE or name.startswith(AUTO_FLOOR + ":") \
+                else gen.floor_for(tree)
             rerank = 0 if name == AUTO_STATIC else gen.rerank_for(tree)
             self.spec += f", floor {floor:g}" if floor > 0 else ""
             self.spec += f", grown as top-{rerank}" if rerank else ""
@@ -115,16 +118,31 @@ class EagerVanilla(LoopMethod):
 class TunedVariant(LoopMethod):
     """--tree auto's tuned tree with one generator setting changed while it runs: `auto-fixed`
     (adaptive=False: the tuned tree on every step, without tuning.AdaptiveTree moving between
-    sizes), `auto-whole` (draft_floor=0: every drafting step drafts its whole tree) and
-    `auto-static` (rerank=False: the tuned trees' static shapes, with the floor cutting nodes).
-    Beside `auto`, the difference is what the adaptive policy, the confidence floor or the EAGLE-2
-    growth adds or costs."""
+    sizes), `auto-whole` (draft_floor=0: every drafting step drafts its whole tree),
+    `auto-static` (rerank=False: the tuned trees' static shapes, with the floor cutting nodes) and
+    `auto-floor:P` (draft_floor=P). Beside `auto`, the difference is what the adaptive policy, the
+    confidence floor, the EAGLE-2 growth or another floor adds or costs."""
 
     SETTINGS = {AUTO_FIXED: ("adaptive", False), AUTO_WHOLE: ("draft_floor", 0.0), AUTO_STATIC: ("rerank", False)}
 
     def __init__(self, gen: EagleGenerator, name: str):
+        self.setting = self.setting_of(name)
         super().__init__(gen, name, gen.tree)
-        self.setting = self.SETTINGS[name]
+
+    @classmethod
+    def setting_of(cls, name: str) -> tuple[str, object]:
+        """A variant's name -> the generator attribute it changes and its value."""
+        if name in cls.SETTINGS:
+            return cls.SETTINGS[name]
+        text = name.removeprefix(AUTO_FLOOR + ":")
+        try:
+            floor = float(text)
+        except ValueError:
+            floor = -1.0
+        if not 0.0 <= floor < 1.0:
+            raise EagleError(f"method {name!r}: {AUTO_FLOOR}:P takes a confidence floor P in [0, 1), such as "
+                             f"{AUTO_FLOOR}:0.1")
+        return "draft_floor", floor
 
     def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
         attr, value = self.setting
@@ -192,7 +210,7 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
             methods.append(LoopMethod(gen, BASELINE))
         elif name == EAGER:
             methods.append(EagerVanilla(gen))
-        elif name in TUNED_VARIANTS:
+        elif _tuned_variant(name):
             if gen.tuned is None:
                 raise EagleError(f"method {name!r} is the tree --tree auto tuned, and this generator has none: "
                                  "run with --tree auto (the default) and a head with acceptance.json")
@@ -258,6 +276,10 @@ def _llama_method(name: str, gguf: Path | None, servers: contextlib.ExitStack | 
     # the spec names no port nor cache path: a resumed run compares it
     copy = "an F32 copy of " if name == LLAMA_CPP_F32 else ""
     return LlamaCppMethod(running, name, spec=f"llama-server {copy}{Path(gguf).name}, {threads} threads, greedy")
+
+
+def _tuned_variant(name: str) -> bool:
+    return name in TUNED_VARIANTS or name.startswith(AUTO_FLOOR + ":")
 
 
 def split_methods(text: str) -> list[str]:

@@ -61,6 +61,16 @@ class DynamicTreeSpec:
     def __post_init__(self) -> None:
         if min(self.top_k, self.depth, self.total_tokens) < 1:
             raise EagleError(f"dynamic tree needs top_k, depth, total_tokens >= 1, got {self}")
+        if self.total_tokens > self.capacity:
+            raise EagleError(f"dynamic tree {self}: top-k {self.top_k} over {self.depth} levels grows at most "
+                             f"{self.capacity} draft nodes (K + K^2(D-1)), fewer than the {self.total_tokens} asked; "
+                             f"give N <= {self.capacity}, or a larger K or D")
+
+    @property
+    def capacity(self) -> int:
+        """Draft nodes the growth creates: K children of the root, then K children of each of the K
+        nodes expanded at every level below."""
+        return self.top_k + self.top_k ** 2 * (self.depth - 1)
 
     def __str__(self) -> str:
         return f"dynamic:{self.top_k},{self.depth},{self.total_tokens}"

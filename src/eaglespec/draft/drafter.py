@@ -51,6 +51,7 @@ SHAPES_KEPT = 256  # tree shapes (floored or dynamic) whose buffers a drafter ke
 class DraftTree:
     tokens: torch.Tensor   # [N] long, node 0 = root (the token the target already chose)
     buffers: TreeBuffers
+    levels: int | None = None  # head levels drafted for it (a floor may stop early); None: not said
 
 
 @dataclass
@@ -136,7 +137,6 @@ class Drafter:
         if rerank < 0:
             raise ValueError(f"rerank is a top-k (0: off), got {rerank}")
         self.floor, self.rerank = floor, rerank
-        self.last_levels = 0  # levels the latest draft_rows grew (a floor may stop it early)
         self._shapes: dict[tuple[int, ...], TreeBuffers] = {}  # parent arrays -> their tree's buffers
         self.head = head.eval()
         self.target = target
@@ -217,12 +217,12 @@ class Drafter:
         floor = self.floor if lone else 0.0  # a batch of several drafts its trees whole
         tree = self._lone if lone else self.tree
         if isinstance(tree, StaticTree):
-            self.last_levels = self._grow_static(state, growths, base, noise, floor)
+            levels = self._grow_static(state, growths, base, noise, floor)
             state.rows.crop(base)  # forget the pairs built from predicted features
-            return [self._floored(g, device, floor) for g in growths]
-        keeps, self.last_levels = self._grow_dynamic(state, growths, base, noise, floor, tree)
+            return [self._floored(g, device, floor, levels) for g in growths]
+        keeps, levels = self._grow_dynamic(state, growths, base, noise, floor, tree)
         state.rows.crop(base)
-        return [self._finish(g, keep, device) for g, keep in zip(growths, keeps)]
+        return [self._finish(g, keep, device, levels) for g, keep in zip(growths, keeps)]
 
     @torch.no_grad()
     def absorb(self, state: DraftState, new_tokens: torch.Tensor, new_features: torch.Tensor) -> None:
@@ -292,20 +292,20 @@ class Drafter:
                     assert node == child, "static tree levels must be contiguous and ordered"
         return len(self._levels)
 
-    def _floored(self, g: _Growth, device, floor: float) -> DraftTree:
+    def _floored(self, g: _Growth, device, floor: float, levels: int) -> DraftTree:
         """The static tree's nodes this row verifies: all of them, or those at or above the floor
         (closed under parents, since q's path probability only falls along a path; renumbered in
         the tree's order). The buffers of the kept sets seen lately are kept (at most SHAPES_KEPT)."""
         tokens = torch.tensor(g.tokens, dtype=torch.long, device=device)
         if floor <= 0:
-            return DraftTree(tokens, self.tree.buffers)
+            return DraftTree(tokens, self.tree.buffers, levels)
         floor = math.log(floor)
         keep = tuple(n for n, c in enumerate(g.conf) if n == 0 or c >= floor)
         if len(keep) == self.tree.num_nodes:
-            return DraftTree(tokens, self.tree.buffers)
+            return DraftTree(tokens, self.tree.buffers, levels)
         index = {old: new for new, old in enumerate(keep)}
         buffers = self._buffers(tuple([-1] + [index[g.parents[n]] for n in keep[1:]]))
-        return DraftTree(tokens[list(keep)], buffers)
+        return DraftTree(tokens[list(keep)], buffers, levels)
 
     def _grow_dynamic(self, state: DraftState, growths: list[_Growth], base: int,
                       noise: list[DraftNoise | None] | None, floor: float, spec: DynamicTreeSpec
@@ -340,13 +340,13 @@ class Drafter:
             keeps.append([0] + [i + 1 for i in kept])
         return keeps, grown
 
-    def _finish(self, g: _Growth, keep: list[int], device) -> DraftTree:
+    def _finish(self, g: _Growth, keep: list[int], device, levels: int) -> DraftTree:
         """Renumber the kept nodes 0..N-1 (keep is ascending, root first, closed under parents);
         the buffers of the shapes seen lately are kept (at most SHAPES_KEPT)."""
         tokens = torch.tensor([g.tokens[o] for o in keep], dtype=torch.long, device=device)
         index = {old: i for i, old in enumerate(keep)}
         parents = tuple([-1] + [index[g.parents[o]] for o in keep[1:]])
-        return DraftTree(tokens, self._buffers(parents))
+        return DraftTree(tokens, self._buffers(parents), levels)
 
     def _buffers(self, parents: tuple[int, ...]) -> TreeBuffers:
         """The tree buffers of a parent array, from the drafter's store of recent shapes."""

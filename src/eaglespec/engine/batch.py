@@ -200,7 +200,6 @@ class Batch:
         drafting = any(s.speculative for s in seqs)
         drafter = self.choose(len(seqs)) if self.drafter is not None and drafting else None
         trees = self._draft_trees(drafter)
-        levels = getattr(drafter, "last_levels", None)  # None: no drafter, or one that does not say (an oracle)
         sizes = [t.tokens.numel() for t in trees]
         width = max(sizes)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=target.device)
@@ -228,7 +227,7 @@ class Batch:
             seq.produced += len(emit)
             seq.finish_reason = "stop" if emit[-1] in seq.stops else "length" if seq.produced >= seq.budget else None
             bonus = sizes[r] > 1 and tree.buffers.leaf[int(acc.path[-1])]
-            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus, levels),
+            outputs.append((seq, StepOutput(emit, StepStats(acc.num_accepted, len(emit), sizes[r], bonus, tree.levels),
                                             seq.finish_reason)))
             new_tokens, new_hidden = torch.tensor(new, device=target.device), states.hidden[r][path]
             if drafter is None:  # the head has not seen the pending pairs: they wait for its next draft
@@ -257,11 +256,12 @@ class Batch:
                                    [s.pending_hidden for s in seqs], [s.root for s in seqs], **noise)
         room = self.target.max_context - drafter.max_nodes
         lens = self._rows.lens.tolist()
-        return [tree if s.speculative and lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s)
+        return [tree if s.speculative and lens[r] <= room and s.produced + 1 < s.budget else self._root_only(s, tree.levels)
                 for r, (s, tree) in enumerate(zip(seqs, trees))]
 
-    def _root_only(self, seq: Sequence) -> DraftTree:
-        return DraftTree(torch.tensor([seq.root], device=self.target.device), _ROOT_ONLY)
+    def _root_only(self, seq: Sequence, levels: int | None = None) -> DraftTree:
+        """The root alone; levels: the head levels drafted for the row and dropped (None: no draft)."""
+        return DraftTree(torch.tensor([seq.root], device=self.target.device), _ROOT_ONLY, levels)
 
 
 def _choose(logits: torch.Tensor, sampling: SamplingParams, seed: int, generator: torch.Generator, position: int) -> int:
