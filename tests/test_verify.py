@@ -55,6 +55,12 @@ def test_greedy_picks_the_longest_branch_and_the_first_among_ties():
     tie = verify_greedy(tokens, logits_with_argmax([1, 0, 0, 0, 0, 0]), retrieve)
     assert tie.path.tolist() == [0, 1]
     assert tie.next_token == 0
+    # the same walk over the buffers' host copy of the rows (what decoding passes)
+    assert tree.buffers.paths == tuple(map(tuple, retrieve.tolist()))
+    for argmax in ([2, 0, 5, 0, 0, 6], [1, 0, 0, 0, 0, 0], [1, 3, 0, 0, 0, 0]):
+        a, b = (verify_greedy(tokens, logits_with_argmax(argmax), r) for r in (retrieve, tree.buffers.paths))
+        assert (a.path.tolist(), a.accepted_tokens.tolist(), a.next_token) == \
+            (b.path.tolist(), b.accepted_tokens.tolist(), b.next_token)
 
 
 def test_greedy_padding_never_matches():

@@ -24,6 +24,7 @@ class TreeBuffers:
     tree_position_ids: torch.Tensor  # [N] long, depth of each node (root = 0)
     retrieve_indices: torch.Tensor  # [L, D+1] long, root-to-leaf paths by leaf index, -1 padded
     leaf: tuple[bool, ...]  # leaf[i]: node i has no children (read per step on the host: a tuple)
+    paths: tuple[tuple[int, ...], ...]  # retrieve_indices' rows on the host (walked per greedy step)
 
 
 def _check_parents(parents: torch.Tensor) -> None:
@@ -70,7 +71,8 @@ def buffers_from_parents(parents: torch.Tensor) -> TreeBuffers:
         (leaves.numel(), int(depth.max()) + 1), -1, dtype=torch.long, device=parents.device
     )
     retrieve[leaf_row, depth[ancestor]] = ancestor
-    return TreeBuffers(parents, tree_mask, depth, retrieve, tuple(is_leaf.tolist()))
+    paths = tuple(map(tuple, retrieve.tolist()))
+    return TreeBuffers(parents, tree_mask, depth, retrieve, tuple(is_leaf.tolist()), paths)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ choice = target's), which can be below multi-round speculative sampling's 1 - TV
 
 from dataclasses import dataclass
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -43,24 +43,28 @@ class Acceptance:
 
 
 def verify_greedy(
-    tree_tokens: torch.Tensor, target_logits: torch.Tensor, retrieve_indices: torch.Tensor
+    tree_tokens: torch.Tensor, target_logits: torch.Tensor,
+    retrieve_indices: torch.Tensor | Sequence[Sequence[int]]
 ) -> Acceptance:
     """Accept the longest path prefix that matches the target's argmax.
 
     tree_tokens: [N] long (node 0 = root); target_logits: [N, V], the target's logits at each node
-    (predicting the token after it); retrieve_indices: [L, D+1], -1 padded.
+    (predicting the token after it); retrieve_indices: [L, D+1], -1 padded, a tensor or its rows
+    as lists (TreeBuffers.paths: no device round trip per step).
     """
     predicted = target_logits.argmax(dim=-1).tolist()  # [N]
     tokens = tree_tokens.tolist()
     # A draft token is accepted when the target, one node up the path, would have chosen it; the
     # walk is plain Python: a tree has a few dozen paths at most, and a tensor op costs more.
+    if isinstance(retrieve_indices, torch.Tensor):
+        retrieve_indices = retrieve_indices.tolist()
     best, longest = [0], -1
-    for row in retrieve_indices.tolist():
+    for row in retrieve_indices:
         a = 0
         while a + 1 < len(row) and row[a + 1] >= 0 and tokens[row[a + 1]] == predicted[row[a]]:
             a += 1
         if a > longest:  # the first row among ties
-            best, longest = row[: a + 1], a
+            best, longest = list(row[: a + 1]), a
     path = torch.tensor(best, dtype=torch.long, device=tree_tokens.device)
     return Acceptance(path, tree_tokens[path[1:]], predicted[best[-1]])
 

@@ -279,7 +279,7 @@ def _verify(tree: DraftTree, logits: torch.Tensor, seq: Sequence) -> Acceptance:
     """logits: [N, V] the target's at each node of the tree."""
     b, sampling = tree.buffers, seq.sampling
     if sampling.greedy:
-        return verify_greedy(tree.tokens, logits, b.retrieve_indices.to(logits.device))
+        return verify_greedy(tree.tokens, logits, b.paths)
     if seq.reproducible:
         depth = b.tree_position_ids.tolist()
 
