@@ -137,6 +137,29 @@ def test_the_floor_is_tuned_for_auto_trees_and_off_for_others():
         EagleGenerator.from_pretrained(draft_floor=2)  # refused before anything loads
 
 
+def test_the_drafter_keeps_the_tree_shapes_used_last(monkeypatch):
+    """The store of floored or grown shapes drops the least recently used one when full, and a
+    store too small for a generation's shapes changes nothing but the time."""
+    import eaglespec.draft.drafter as drafter_module
+
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, random_head(target), "eagle1")
+    gen.draft_floor = 0.02  # a random head: the floor varies the verified shape from step to step
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=64, speculative=False, stop_token_ids=set())
+    monkeypatch.setattr(drafter_module, "SHAPES_KEPT", 2)
+    drafter = gen._drafter(gen.tree)
+    drafter._shapes.clear()
+    a, b, c = (-1,), (-1, 0), (-1, 0, 0)
+    first = drafter._buffers(a)
+    drafter._buffers(b)
+    assert drafter._buffers(a) is first  # a hit, now the most recent
+    drafter._buffers(c)                  # the store is full: b, the least recent, goes
+    assert list(drafter._shapes) == [a, c] and drafter._buffers(a) is first
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=64, stop_token_ids=set())
+    assert len({s.tree_size for s in eagle.steps}) >= 3 and len(drafter._shapes) <= 2  # more shapes than kept
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_oracle_drafter_equals_vanilla_and_accepts_all(arch, shape):

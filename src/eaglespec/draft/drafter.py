@@ -44,7 +44,7 @@ from ..core.tree import StaticTree, TreeBuffers, best_nodes, buffers_from_parent
 from ..engine.kv_cache import RowCache
 
 
-SHAPES_KEPT = 256  # tree shapes (floored or dynamic) whose buffers a drafter keeps (then starts over)
+SHAPES_KEPT = 256  # tree shapes (floored or dynamic) whose buffers a drafter keeps (the least recently used go)
 
 
 @dataclass(frozen=True)
@@ -350,9 +350,10 @@ class Drafter:
 
     def _buffers(self, parents: tuple[int, ...]) -> TreeBuffers:
         """The tree buffers of a parent array, from the drafter's store of recent shapes."""
-        buffers = self._shapes.get(parents)
+        buffers = self._shapes.pop(parents, None)  # re-inserted last: the store is least-recently-used first
         if buffers is None:
             if len(self._shapes) >= SHAPES_KEPT:
-                self._shapes.clear()
-            buffers = self._shapes[parents] = buffers_from_parents(torch.tensor(parents, dtype=torch.long))
+                del self._shapes[next(iter(self._shapes))]
+            buffers = buffers_from_parents(torch.tensor(parents, dtype=torch.long))
+        self._shapes[parents] = buffers
         return buffers
