@@ -45,9 +45,9 @@ class _Recording(Drafter):
 
     last_conf: list[float] = []
 
-    def _floored(self, g, device, floor):
+    def _floored(self, g, device, floor, levels):
         self.last_conf = list(g.conf[1:])
-        return super()._floored(g, device, floor)
+        return super()._floored(g, device, floor, levels)
 
 
 def chain_of(depth: int):
