@@ -73,9 +73,9 @@ class LoopMethod:
         self.spec = "no drafter" if tree is None else name
         if name == "auto" or _tuned_variant(name):  # the tuned tree, floor and growth: a resumed run must use the same
             self.spec = f"{name}: {str(tree) if isinstance(tree, DynamicTreeSpec) else [list(p) for p in tree.paths]}"
-            floor = TunedVariant.setting_of(name)[1] if name == AUTO_WHOLE or name.startswith(AUTO_FLOOR + ":") \
-                else gen.floor_for(tree)
-            rerank = 0 if name == AUTO_STATIC else gen.rerank_for(tree)
+            attr, value = TunedVariant.setting_of(name) if name != "auto" else (None, None)
+            floor = value if attr == "draft_floor" else gen.floor_for(tree)
+            rerank = 0 if attr == "rerank" else gen.rerank_for(tree)
             self.spec += f", floor {floor:g}" if floor > 0 else ""
             self.spec += f", grown as top-{rerank}" if rerank else ""
         self.depth = int(getattr(tree, "depth", 0) or 0)
