@@ -12,7 +12,7 @@ from test_verify import chi_square_fits
 from eaglespec.core.config import SamplingParams, parse_tree
 from eaglespec.engine.batch import Batch
 from eaglespec.engine.decoding import EagleGenerator
-from eaglespec.engine.kv_cache import RowCache, keep_path
+from eaglespec.engine.kv_cache import RowCache, keep_path, move_paths
 
 # prompts of different lengths, so rows are padded; budgets differ, so rows leave at different steps
 PROMPTS = [[5, 17, 33, 9, 64, 21, 7, 90, 11, 3], [8, 4], [40, 41, 42, 43, 44, 45], [99, 2, 71, 15, 30]]
@@ -73,6 +73,19 @@ def test_row_cache_keeps_each_rows_path_like_a_fresh_prefill():
     rows.select([2, 0])
     assert rows.lens.tolist() == [len(prompts[2]) + 2, len(prompts[0]) + 3]
     torch.testing.assert_close(rows.cache.layers[0].keys[1, :, :13], singles[0].layers[0].keys[0])
+
+
+def test_moving_paths_in_a_stack_of_buffers_moves_each_as_alone():
+    """move_paths over a [layers, B, heads, S, d] stack (the compiled cache's one tensor) leaves
+    every layer as moving it alone does, padding rows untouched."""
+    torch.manual_seed(0)
+    stack = torch.randn(4, 3, 2, 12, 5)
+    alone = [t.clone() for t in stack]
+    lens, paths = torch.tensor([2, 5]), [torch.tensor([0, 3, 4]), torch.tensor([0, 2])]
+    move_paths([stack], lens, 6, paths)
+    move_paths(alone, lens, 6, paths)
+    assert torch.equal(stack, torch.stack(alone))
+    assert torch.equal(stack[:, 0, :, 2:5], torch.stack(alone)[:, 0, :, [6, 9, 10]])  # it moved
 
 
 # ---- greedy: each sequence as alone --------------------------------------------------------------

@@ -143,18 +143,20 @@ def in_place(lens: torch.Tensor, start: int, paths: list[torch.Tensor]) -> bool:
 
 
 def move_paths(tensors: list[torch.Tensor], lens: torch.Tensor, start: int, paths: list[torch.Tensor]) -> None:
-    """In each [B', heads, S, d] tensor (B' >= B rows; extra rows untouched): row r's entries at
-    start + paths[r] move, in path order, to directly after its lens[r] entries."""
+    """In each [..., B', heads, S, d] tensor (B' >= B rows; extra rows untouched; leading dims: a
+    stack of layers' buffers, moved at once): row r's entries at start + paths[r] move, in path
+    order, to directly after its lens[r] entries."""
     n, width = len(paths), max(p.numel() for p in paths)
     src = torch.zeros(n, width, dtype=torch.long)
     for r, p in enumerate(paths):
         src[r, : p.numel()] = p.cpu() + start
     dst = lens[:, None] + torch.arange(width)[None]  # [B, width]; pads land past the row's new length
     for t in tensors:
-        rows = t[:n]
-        shape = (n, t.shape[1], width, t.shape[3])
-        moved = rows.gather(2, src.to(t.device)[:, None, :, None].expand(shape))
-        rows.scatter_(2, dst.to(t.device)[:, None, :, None].expand(shape), moved)
+        rows = t.narrow(-4, 0, n)
+        lead = tuple(rows.shape[:-4])
+        shape, view = (*lead, n, t.shape[-3], width, t.shape[-1]), (1,) * len(lead) + (n, 1, width, 1)
+        moved = rows.gather(-2, src.to(t.device).view(view).expand(shape))
+        rows.scatter_(-2, dst.to(t.device).view(view).expand(shape), moved)
 
 
 def _pad_slots(t: torch.Tensor, length: int) -> torch.Tensor:
