@@ -12,6 +12,7 @@ import torch
 from conftest import ARCHS, tiny_target
 from test_decoding import random_head
 
+from eaglespec.core.attention import additive_mask
 from eaglespec.core.config import parse_tree
 from eaglespec.draft.head import EagleHead
 from eaglespec.engine import compiled
@@ -251,6 +252,27 @@ def test_static_rows_keep_select_extend_like_row_cache():
     for r in range(2):
         for a, b in zip(entries(dynamic, r), entries(static, r)):
             assert torch.equal(a, b)
+
+
+def test_step_masks_are_the_visible_slots_and_padding_sees_itself():
+    """compiled._step_inputs writes its mask in place; it must equal the mask built from the
+    visible slots as core.attention.additive_mask does (rows of different lengths, a padded query
+    bucket, a padded rows bucket, one row alone)."""
+    torch.manual_seed(0)
+    for lens, n, q, rows_bucket, extra in [([7], 3, 4, 1, 0), ([7], 4, 4, 1, 2), ([5, 9, 2], 3, 4, 4, 1), ([6, 6], 1, 1, 2, 0)]:
+        b, cap = len(lens), 512
+        rows = StaticRows(torch.zeros(2, rows_bucket, 1, cap, 2), lens, max(lens) + extra)
+        base = max(lens)
+        start = rows.length
+        block = torch.rand(b, n, start + n - base) < 0.5
+        block[:, :, start - base:] |= torch.eye(n, dtype=torch.bool)
+        mask, slots = compiled._step_inputs(rows, b, n, q, base, block, torch.float32, "cpu")
+        allowed = torch.zeros(rows_bucket, q, cap, dtype=torch.bool)
+        allowed[:, :, start:start + q] = torch.eye(q, dtype=torch.bool)
+        visible = torch.cat([rows.valid(base)[:, None, :].expand(-1, n, -1), block], dim=2)
+        allowed[:b, :n, :start + n] = visible
+        assert torch.equal(mask, additive_mask(allowed, torch.float32)), (lens, n, q)
+        assert slots.tolist() == list(range(start, start + q))
 
 
 def test_buckets():

@@ -89,16 +89,17 @@ class _Growth:
         self.depths.append(self.depths[parent] + 1)
         return len(self.tokens) - 1
 
-    def ancestor_mask(self, nodes: list[int]) -> torch.Tensor:
-        """[len(nodes), len(slots)] bool: slot's node is an ancestor of the node."""
+    def block_rows(self, nodes: list[int]) -> list[list[bool]]:
+        """What each of `nodes` sees of the head-cache slots drafted this step, then of the nodes
+        appended with it: [len(nodes)][len(slots) + len(nodes)], its ancestors' slots and itself."""
         rows = []
-        for n in nodes:
+        for i, n in enumerate(nodes):
             chain, a = set(), self.parents[n]
             while a > 0:
                 chain.add(a)
                 a = self.parents[a]
-            rows.append([s in chain for s in self.slots])
-        return torch.tensor(rows, dtype=torch.bool, device=self.device).reshape(len(nodes), len(self.slots))
+            rows.append([s in chain for s in self.slots] + [j == i for j in range(len(nodes))])
+        return rows
 
 
 class EagerHeadSteps:
@@ -138,6 +139,7 @@ class Drafter:
             raise ValueError(f"rerank is a top-k (0: off), got {rerank}")
         self.floor, self.rerank = floor, rerank
         self._shapes: dict[tuple[int, ...], TreeBuffers] = {}  # parent arrays -> their tree's buffers
+        self._causal: dict[tuple, torch.Tensor] = {}  # (pairs, device) -> [1, P, P] causal block of an absorb
         self.head = head.eval()
         self.target = target
         self.tree = tree
@@ -238,17 +240,22 @@ class Drafter:
         b, counts = len(new_tokens), [t.numel() for t in new_tokens]
         p = max(counts)
         encoded = [self.head.encode(f.to(self.dtype)) for f in new_features]  # [P, H] each
-        tokens = torch.zeros(b, p, dtype=torch.long, device=device)
-        hidden = encoded[0].new_zeros(b, p, encoded[0].shape[-1])
-        for r, (t, e) in enumerate(zip(new_tokens, encoded)):
-            tokens[r, : counts[r]] = t
-            hidden[r, : counts[r]] = e
-        # row r's pairs are causal among themselves; its padding sees only itself
-        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-        real_pair = torch.arange(p, device=device)[None] < torch.tensor(counts, device=device)[:, None]  # [B, P]
-        block = (causal[None] & real_pair[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
+        causal = self._causal.get((p, device))
+        if causal is None:
+            causal = self._causal[p, device] = torch.ones(1, p, p, dtype=torch.bool, device=device).tril()
+        if b == 1:  # one sequence: no padding to build (a drafting step's common case)
+            tokens, hidden, block = new_tokens[0].to(device)[None], encoded[0][None], causal
+        else:
+            tokens = torch.zeros(b, p, dtype=torch.long, device=device)
+            hidden = encoded[0].new_zeros(b, p, encoded[0].shape[-1])
+            for r, (t, e) in enumerate(zip(new_tokens, encoded)):
+                tokens[r, : counts[r]] = t
+                hidden[r, : counts[r]] = e
+            # row r's pairs are causal among themselves; its padding sees only itself
+            real_pair = torch.arange(p, device=device)[None] < torch.tensor(counts, device=device)[:, None]  # [B, P]
+            block = (causal & real_pair[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)[None]
         base = state.rows.length
-        positions = state.rows.lens.to(device)[:, None] + torch.arange(p, device=device)[None]
+        positions = torch.tensor([[n + i for i in range(p)] for n in state.rows.lens.tolist()], device=device)
         out = self._head(state, base, tokens, hidden, block, positions, pad_to=self.absorb_width)
         state.rows.keep_paths(base, [torch.arange(c) for c in counts])
         return out
@@ -257,13 +264,12 @@ class Drafter:
         """One head forward over nodes[r] of every row (all of one depth, as many per row): fills
         g.out for each."""
         device = growths[0].device
-        m = len(nodes[0])
-        feats = torch.stack([torch.stack([g.out[g.parents[n]] for n in ns]) for g, ns in zip(growths, nodes)])
+        b, m = len(growths), len(nodes[0])
+        feats = torch.stack([g.out[g.parents[n]] for g, ns in zip(growths, nodes) for n in ns]).view(b, m, -1)
         tokens = torch.tensor([[g.tokens[n] for n in ns] for g, ns in zip(growths, nodes)], device=device)
-        block = torch.stack([torch.cat([g.ancestor_mask(ns), torch.eye(m, dtype=torch.bool, device=device)], dim=1)
-                             for g, ns in zip(growths, nodes)])
-        positions = state.rows.lens.to(device)[:, None] - 1 + torch.tensor(
-            [[g.depths[n] for n in ns] for g, ns in zip(growths, nodes)], device=device)
+        block = torch.tensor([g.block_rows(ns) for g, ns in zip(growths, nodes)], dtype=torch.bool, device=device)
+        positions = torch.tensor([[length - 1 + g.depths[n] for n in ns]
+                                  for length, g, ns in zip(state.rows.lens.tolist(), growths, nodes)], device=device)
         out = self._head(state, base, tokens, feats, block, positions)
         for r, (g, ns) in enumerate(zip(growths, nodes)):
             for i, n in enumerate(ns):
@@ -279,7 +285,7 @@ class Drafter:
                 if all(g.conf[n] < floor for g in growths for n in expand):
                     return d  # no row would verify this level's children: it is not drafted
                 self._expand(state, growths, [expand] * len(growths), base)
-            q = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in expand]) for g in growths]))
+            q = self._draft_logprobs(torch.stack([g.out[n] for g in growths for n in expand]).view(len(growths), len(expand), -1))
             logp = self._ranked(q, noise, d)
             top_lp, top_ids = logp.topk(self._k, dim=-1)  # [B, E, k]
             top_q = top_lp if logp is q else q.gather(-1, top_ids)
@@ -323,7 +329,8 @@ class Drafter:
                 if all(g.conf[n] < floor for g, f in zip(growths, frontiers) for n in f):
                     break  # no frontier node reaches the floor: this level is not drafted
                 self._expand(state, growths, frontiers, base)
-            q = self._draft_logprobs(torch.stack([torch.stack([g.out[n] for n in f]) for g, f in zip(growths, frontiers)]))
+            q = self._draft_logprobs(torch.stack([g.out[n] for g, f in zip(growths, frontiers) for n in f])
+                                     .view(len(growths), len(frontiers[0]), -1))
             logp = self._ranked(q, noise, d)
             top_lp, top_ids = logp.topk(k, dim=-1)  # [B, F, k]
             top_q = top_lp if logp is q else q.gather(-1, top_ids)
