@@ -226,6 +226,31 @@ def test_auto_whole_drafts_the_whole_tree_that_the_floor_cuts():
         with pytest.raises(EagleError, match=rf"method '{AUTO_FLOOR}:{bad}': {AUTO_FLOOR}:P takes a confidence floor"):
             build_methods(gen, f"vanilla,{AUTO_FLOOR}:{bad}", [], greedy=True)
 
+def test_the_warm_up_builds_auto_statics_shapes_too():
+    """A bench's warm-up runs the generator's own (the methods' trees) and, for `auto-static`
+    alone, another with its setting on (its static shapes' head steps are not auto's): no graph is
+    built inside a timed run. The generator's setting is restored."""
+    from eaglespec.bench.methods import AUTO_FIXED, AUTO_STATIC, AUTO_WHOLE, warm_methods
+
+    from eaglespec.core.tree import static_tree
+    from eaglespec.engine.tuning import TunedTree
+
+    gen = tiny_generator()
+    small, big = static_tree([(0,)]), static_tree([(0,), (1,), (0, 0)])
+    gen.tuned = TunedTree(big, 2.0, 1.5, [(1, 1.6, 0.001, 0.010, 1.45), (3, 2.0, 0.002, 0.010, 1.67)], 0.010,
+                          trees=((1, small), (3, big)))
+    gen.tree = big
+    seen = []
+    gen.warm = lambda contexts, trees=(): seen.append((contexts, len(trees), gen.rerank))
+    methods, _ = build_methods(gen, f"vanilla,{AUTO_FIXED},{AUTO_WHOLE},{AUTO_STATIC}", [], greedy=True)
+    warm_methods(gen, methods, (40, 600))
+    assert [(c, r) for c, _, r in seen] == [((40, 600), True), ((40, 600), False)]
+    assert gen.rerank is True
+    seen.clear()
+    warm_methods(gen, build_methods(gen, f"vanilla,{AUTO_FIXED}", [], greedy=True)[0], (40,))
+    assert [r for _, _, r in seen] == [True]
+
+
 # -- the harness on a tiny model -----------------------------------------------------------------
 
 QUESTIONS = [Question("1", "alpha", (words(10, 11, 12, 13), words(20, 21))),

@@ -18,7 +18,7 @@ from ..core.config import SamplingParams
 from ..engine.compiled_cache import weights_digest
 from ..errors import EagleError
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
-from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, LoopMethod, Method, build_methods, check_llamacpp, parse_depths
+from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, parse_depths, warm_methods
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
@@ -174,7 +174,7 @@ def _bench(args, gen, questions: list[Question], methods: list[Method], notes: l
         print(f"note: {note}", file=sys.stderr)
     # the compiled path builds a set of graphs per cache size: build them all now, not inside a timing
     contexts = prompt_contexts(gen, questions, args.turns, args.dataset, not args.no_chat_template, args.max_new_tokens)
-    gen.warm(contexts, trees=tuple(m.tree for m in methods if isinstance(m, LoopMethod) and m.tree is not None))
+    warm_methods(gen, methods, contexts)
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     head = args.head + (f" ({gen.head_note})" if gen.head_note else "")
     meta = run_metadata(

@@ -144,14 +144,38 @@ class TunedVariant(LoopMethod):
                              f"{AUTO_FLOOR}:0.1")
         return "draft_floor", floor
 
-    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+    @contextlib.contextmanager
+    def applied(self):
+        """The generator with this variant's setting, restored after."""
         attr, value = self.setting
         before = getattr(self.gen, attr)
         setattr(self.gen, attr, value)
         try:
-            return super().run(input_ids, max_new_tokens, sampling)
+            yield
         finally:
             setattr(self.gen, attr, before)
+
+    @property
+    def shapes_of_its_own(self) -> bool:
+        """Whether it runs steps `auto`'s warm-up does not build: `auto-static`'s head steps draft
+        the tuned trees' static shapes (the floor and the adaptive policy change no step's shape:
+        the warm-up drafts whole trees of every tuned size)."""
+        return self.setting[0] == "rerank"
+
+    def run(self, input_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> Record:
+        with self.applied():
+            return super().run(input_ids, max_new_tokens, sampling)
+
+
+def warm_methods(gen: EagleGenerator, methods: list, contexts: tuple[int, ...]) -> None:
+    """Build (or load) every compiled step the methods will run before any is timed: the
+    generator's own warm-up with the methods' trees, then again under each tuned variant that
+    drafts shapes of its own."""
+    gen.warm(contexts, trees=tuple(m.tree for m in methods if isinstance(m, LoopMethod) and m.tree is not None))
+    for m in methods:
+        if isinstance(m, TunedVariant) and m.shapes_of_its_own:
+            with m.applied():
+                gen.warm(contexts)
 
 
 class HFMethod:
