@@ -1,4 +1,8 @@
-"""In one process: generators from the old package copy (eaglespec_old) and the new code, twice new (an A/A check), rotating order."""
+"""In one process: generators from the old package copy (eaglespec_old) and the new code, twice new (an A/A check), rotating order.
+
+The old copy: git worktree add /tmp/old 982ed40; mkdir /tmp/oldpkg; cp -r /tmp/old/src/eaglespec /tmp/oldpkg/eaglespec_old;
+then in /tmp/oldpkg: grep -rl "eaglespec\." eaglespec_old | xargs sed -i 's/\beaglespec\./eaglespec_old./g'
+"""
 import sys, time, statistics, itertools
 sys.path.insert(0, "/tmp/oldpkg")
 import torch
