@@ -223,7 +223,7 @@ def test_static_rows_keep_select_extend_like_row_cache():
     def entries(rows, r):
         n = int(rows.lens[r])
         if isinstance(rows, StaticRows):
-            return [t[r, :, :n] for t in rows.buffers()]
+            return [t[r, :, :n] for t in rows.keys + rows.values]
         return [layer.keys[r, :, :n] for layer in rows.cache.layers] + [layer.values[r, :, :n] for layer in rows.cache.layers]
 
     prompts = [PROMPT, [8, 4], [40, 41, 42]]

@@ -139,7 +139,6 @@ class Drafter:
             raise ValueError(f"rerank is a top-k (0: off), got {rerank}")
         self.floor, self.rerank = floor, rerank
         self._shapes: dict[tuple[int, ...], TreeBuffers] = {}  # parent arrays -> their tree's buffers
-        self._causal: dict[tuple, torch.Tensor] = {}  # (pairs, device) -> [1, P, P] causal block of a step's absorb
         self.head = head.eval()
         self.target = target
         self.tree = tree
@@ -240,11 +239,7 @@ class Drafter:
         b, counts = len(new_tokens), [t.numel() for t in new_tokens]
         p = max(counts)
         encoded = [self.head.encode(f.to(self.dtype)) for f in new_features]  # [P, H] each
-        causal = self._causal.get((p, device))
-        if causal is None:
-            causal = torch.ones(1, p, p, dtype=torch.bool, device=device).tril()
-            if p <= self.absorb_width:  # a drafting step's widths, not a joining prompt's length
-                self._causal[p, device] = causal
+        causal = torch.ones(1, p, p, dtype=torch.bool, device=device).tril()
         if b == 1:  # one sequence: no padding to build (a drafting step's common case)
             tokens, hidden, block = new_tokens[0].to(device)[None], encoded[0][None], causal
         else:

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils import _pytree
 
 from ..errors import EagleError, one_line
 from .compiled_cache import ARTEFACT_SCHEME, MANIFEST, installed_versions, stale_note, weights_digest
@@ -206,14 +207,8 @@ class StaticRows(RowCache):
     @classmethod
     def from_dynamic(cls, cache, lens: list[int], slots: int) -> "StaticRows":
         """A prefill's DynamicCache rows -> static buffers with room for `slots` slots."""
-        rows, cap = bucket(len(lens), BATCH_BUCKETS), bucket(slots, CACHE_BUCKETS)
-        first = cache.layers[0].keys
-        kv = first.new_zeros(2 * len(cache.layers), rows, first.shape[1], cap, first.shape[3])
-        b, s = min(rows, first.shape[0]), min(cap, first.shape[2])
-        for i, layer in enumerate(cache.layers):
-            kv[i, :b, :, :s] = layer.keys[:b, :, :s]
-            kv[len(cache.layers) + i, :b, :, :s] = layer.values[:b, :, :s]
-        return cls(kv, lens, cache.get_seq_length())
+        kv = torch.stack([layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers])
+        return cls(_sized(kv, bucket(len(lens), BATCH_BUCKETS), bucket(slots, CACHE_BUCKETS)), lens, cache.get_seq_length())
 
     @property
     def length(self) -> int:
@@ -222,9 +217,6 @@ class StaticRows(RowCache):
     @property
     def capacity(self) -> int:
         return self.kv.shape[3]
-
-    def buffers(self) -> list[torch.Tensor]:
-        return self.keys + self.values
 
     def reserve(self, slots: int, rows: int) -> None:
         """Room for `slots` slots and `rows` rows (buffers regrown to the next buckets)."""
@@ -560,11 +552,8 @@ class _Package:
     are tensors and lists of tensors, whose leaves pytree orders as this does."""
 
     def __init__(self, loader):
-        from torch.utils import _pytree
-
         self.loader = loader
         self._out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
-        self._unflatten = _pytree.tree_unflatten
 
     def __call__(self, *args):
         flat = []
@@ -573,7 +562,7 @@ class _Package:
                 flat.append(a)
             else:
                 flat.extend(a)
-        return self._unflatten(self.loader.boxed_run(flat), self._out_spec)
+        return _pytree.tree_unflatten(self.loader.boxed_run(flat), self._out_spec)
 
 
 class _Jit:
