@@ -893,3 +893,26 @@ def test_compile_command_builds_the_batch_buckets_and_refuses_what_builds_nothin
     assert "batch steps for 2 rows ready" in err and "compiled steps ready" in err
     assert main(["compile", "--compile", "off"]) == 2 and main(["compile", "--max-batch", "0"]) == 2
     assert "builds nothing" in capsys.readouterr().err and len(calls) == 2
+
+
+def test_a_second_warm_up_without_vanilla_runs_only_drafting():
+    """`warm(vanilla=False)` (a bench's second warm-up, under a tuned variant) runs the trees alone:
+    vanilla's runs were the first warm-up's. Both warm-ups run each tree in each cache bucket."""
+    import inspect
+
+    target = compiled_target("llama")
+    gen = EagleGenerator(target, random_head(target), "chain:2")
+    runs, stream = [], gen.stream
+    signature = inspect.signature(stream)
+
+    def recorded(*a, **k):
+        runs.append(signature.bind(*a, **k).arguments.get("speculative", True))
+        return stream(*a, **k)
+
+    gen.stream = recorded
+    gen.warm(contexts=(40, 600), vanilla=False)
+    assert runs and all(runs)
+    drafting = len(runs)
+    runs.clear()
+    gen.warm(contexts=(40, 600))
+    assert runs.count(True) == drafting and runs.count(False) == drafting  # a vanilla run beside each tree's

@@ -170,12 +170,12 @@ class TunedVariant(LoopMethod):
 def warm_methods(gen: EagleGenerator, methods: list, contexts: tuple[int, ...]) -> None:
     """Build (or load) every compiled step the methods will run before any is timed: the
     generator's own warm-up with the methods' trees, then again under each tuned variant that
-    drafts shapes of its own."""
+    drafts shapes of its own (its drafting steps only: vanilla's are built by then)."""
     gen.warm(contexts, trees=tuple(m.tree for m in methods if isinstance(m, LoopMethod) and m.tree is not None))
     for m in methods:
         if isinstance(m, TunedVariant) and m.shapes_of_its_own:
             with m.applied():
-                gen.warm(contexts)
+                gen.warm(contexts, vanilla=False)
 
 
 class HFMethod:

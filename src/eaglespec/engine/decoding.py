@@ -223,13 +223,14 @@ class EagleGenerator:
         return gen
 
     @torch.no_grad()
-    def warm(self, contexts: tuple[int, ...] = (), trees: tuple = ()) -> None:
+    def warm(self, contexts: tuple[int, ...] = (), trees: tuple = (), vanilla: bool = True) -> None:
         """Where the backend builds its steps (the compiled path), build or load now every step the
         first requests will run: vanilla and each tree --tree auto may move between (a package
         loads in about a second; building one takes minutes), so that no generation pays for it.
         contexts: also for each cache size these requests will need (prompt + new tokens; the
         backend's `cache_bucket` groups them: one warm-up per bucket). trees: more trees to warm
-        (a benchmark's methods). Eager: nothing to do."""
+        (a benchmark's methods). vanilla: False skips the vanilla steps (a second warm-up whose
+        vanilla steps are built already). Eager: nothing to do."""
         steps = self.target.steps
         if not steps.builds_steps:
             return
@@ -244,11 +245,12 @@ class EagleGenerator:
                     continue
                 built.add(steps.cache_bucket(context))
                 budget = max(context - len(prompt), 3)  # the cache is sized for the whole budget: a few steps build it
-                for tree in [None, *drafts]:
+                for tree in [None, *drafts] if vanilla else drafts:
                     for _ in itertools.islice(self.stream(prompt, budget, tree=tree, speculative=tree is not None,
                                                           stop_token_ids=set()), 3):
                         pass
-            self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
+            if vanilla:
+                self.generate(input_ids=prompt, max_new_tokens=3, speculative=False, stop_token_ids=set())
             for tree in drafts:
                 self.generate(input_ids=prompt, max_new_tokens=3, tree=tree, stop_token_ids=set())
 
