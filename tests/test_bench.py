@@ -152,8 +152,10 @@ def test_build_methods_parses_names(gen):
     methods, notes = build_methods(gen, "vanilla,dynamic,hf,pld", [3], greedy=False)
     assert [m.name for m in methods] == [BASELINE, "dynamic:4,4,12"]
     assert len(notes) == 2 and all("greedy only" in n for n in notes)
-    with pytest.raises(EagleError, match="unknown tree"):
+    with pytest.raises(EagleError, match="unknown method 'medusa'; comma-separated: vanilla"):
         build_methods(gen, "vanilla,medusa", [3], greedy=True)
+    with pytest.raises(EagleError, match="dynamic:4,4,12"):  # a tree's arguments: the tree's own message
+        build_methods(gen, "vanilla,dynamic:4,4", [3], greedy=True)
     with pytest.raises(EagleError, match="--chain"):
         parse_depths("3,x")
 

@@ -178,13 +178,74 @@ def test_the_cli_says_which_head_file_is_bad(head_dir, no_target, capsys, case, 
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
     pytest.param(["tune", "--head", "HEAD", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
-    (["tune", "--head", "HEAD", "--calibration-from", "-1"], "--calibration-from must be a record index >= 0"),
+    (["tune", "--head", "HEAD", "--calibration-from", "-1"], "--calibration-from must be >= 0, got -1"),
+    (["tune", "--head", "HEAD", "--prompts", "0"], "--prompts must be >= 1, got 0"),
+    (["tune", "--head", "HEAD", "--draft-vocab", "-1"], "--draft-vocab must be >= 0, got -1"),
+    (["tune", "--head", "HEAD", "--vocab-examples", "0"], "--vocab-examples must be >= 1, got 0"),
+    (["serve", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["serve", "--max-tokens-limit", "-5"], "--max-tokens-limit must be >= 1, got -5"),
+    (["bench", "--methods", "vanila,auto"], "unknown method 'vanila'; comma-separated: vanilla"),
+    (["bench-modes", "--methods", "vanila"], "unknown method 'vanila'"),
+    (["bench", "--out", "FILE"], "--out FILE is a file"),
+    (["bench-modes", "--out", "FILE"], "--out FILE is a file"),
+    (["bench-batch", "--out", "FILE"], "--out FILE is a file"),
+    (["certify", "--out", "FILE"], "--out FILE is a file"),
+    (["capture", "--out", "FILE"], "--out FILE is a file"),
+    (["distill", "--out", "FILE"], "--out FILE is a file"),
+    (["bench", "--dataset", "BINARY"], "BINARY is not UTF-8 text"),
     pytest.param(["capture", "--out", "OUT", "--device", "cuda"], "sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
 ])
 def test_the_cli_refuses_bad_options_in_one_line(head_dir, no_target, tmp_path, capsys, argv, message):
-    argv = [str(head_dir) if a == "HEAD" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    assert message in _one_line_error(capsys, argv)
+    """Before anything loads (no_target): an output path that is a file, a data file that is not
+    text, a count out of range (named by its flag), a method name that is not one."""
+    (tmp_path / "FILE").write_text("a file, not a folder\n")
+    (tmp_path / "BINARY.jsonl").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    paths = {"HEAD": str(head_dir), "OUT": str(tmp_path / "out"), "FILE": str(tmp_path / "FILE"),
+             "BINARY": str(tmp_path / "BINARY.jsonl")}
+    message = message.replace("FILE", paths["FILE"]).replace("BINARY", paths["BINARY"])
+    assert message in _one_line_error(capsys, [paths.get(a, a) for a in argv])
+
+
+def test_a_thread_count_that_is_not_one_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("EAGLESPEC_NUM_THREADS", "auto")
+    assert "EAGLESPEC_NUM_THREADS='auto': give a whole number" in _one_line_error(capsys, ["compile", "--list"])
+
+
+def test_tune_keeps_the_heads_acceptance_when_nothing_calibrates(tmp_path, monkeypatch, capsys):
+    """No calibration prompt, or no calibration step: an error, and the head's measured
+    acceptance.json is left as it was (it was once replaced by a table of zeros first)."""
+    from bench_helpers import tiny_generator
+
+    from eaglespec.cli import commands
+    from eaglespec.draft.vocab import FILE as VOCAB_FILE
+    from eaglespec.engine import tuning
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "acceptance.json").write_text("measured\n")
+    (head / VOCAB_FILE).write_text("counted\n")  # no recount
+    gen = tiny_generator()
+    monkeypatch.setattr(EagleGenerator, "from_pretrained", lambda *a, **k: gen)
+    monkeypatch.setattr(commands, "sharegpt_prompts", lambda count, skip: [])
+    assert "no usable ShareGPT prompt" in _one_line_error(capsys, ["tune", "--head", str(head), "--compile", "off"])
+    monkeypatch.setattr(commands, "sharegpt_prompts", lambda count, skip: ["hello there"])
+    monkeypatch.setattr(tuning, "calibrate", lambda gen, prompts, n: AcceptanceStats(((0.0, 0.0),), steps=0))
+    assert "no calibration step ran" in _one_line_error(capsys, ["tune", "--head", str(head), "--compile", "off"])
+    assert (head / "acceptance.json").read_text() == "measured\n"
+
+
+def test_a_jsonl_file_of_another_kind_is_one_error(tmp_path):
+    import gzip
+
+    from eaglespec.files import jsonl_objects
+
+    (tmp_path / "fake.jsonl.gz").write_text('{"a": 1}\n')
+    with pytest.raises(EagleError, match="fake.jsonl.gz: cannot read it"):
+        list(jsonl_objects(tmp_path / "fake.jsonl.gz", gzip.open))
+    (tmp_path / "latin1.jsonl").write_bytes('{"a": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(EagleError, match="latin1.jsonl is not UTF-8 text"):
+        list(jsonl_objects(tmp_path / "latin1.jsonl"))
 
 
 def test_the_cli_refuses_a_text_file_named_gguf_without_a_traceback(tmp_path):

@@ -62,19 +62,43 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp).write_bytes(data)
 
 
+def output_folder(path: Path, flag: str = "--out") -> Path:
+    """Make the folder a command writes its results into, before the command's work, so that a
+    path that is a file or a folder it cannot write is refused at once (not after an hour of
+    measuring): an EagleError naming the flag. -> path."""
+    from .errors import EagleError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise EagleError(f"{flag} {path} is a file: pass a folder for the results")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EagleError(f"{flag} {path}: cannot make the folder ({exc.strerror}): pass a folder you can write") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise EagleError(f"{flag} {path}: this folder is not writable: pass a folder you can write")
+    return path
+
+
 def jsonl_objects(path, opener=open):
     """Yield (object, "FILE, line N") for each non-blank line of a JSONL file; a line that is not
-    JSON is an EagleError naming the file and the line."""
+    JSON, or a file that is not UTF-8 text (or, with a gzip opener, not gzip), is an EagleError
+    naming the file (and the line)."""
     import json
 
     from .errors import EagleError
 
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                yield json.loads(line), where
-            except json.JSONDecodeError as exc:
-                raise EagleError(f"{where}: not valid JSON ({exc.msg})") from exc
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}, line {number}"
+                try:
+                    yield json.loads(line), where
+                except json.JSONDecodeError as exc:
+                    raise EagleError(f"{where}: not valid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise EagleError(f"{path} is not UTF-8 text (byte {exc.start}): pass a JSONL file, one JSON object a line") from exc
+    except OSError as exc:  # gzip.BadGzipFile among them
+        raise EagleError(f"{path}: cannot read it ({exc}): pass a readable JSONL file") from exc

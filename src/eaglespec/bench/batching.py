@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import EagleError
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, output_folder
 from .datasets import add_dataset_arg, load_questions, user_message
 
 DEFAULT_SIZES = "1,2,4,8,16"
@@ -141,6 +141,7 @@ def cmd_bench_batch(args) -> int:
     questions = load_questions(args.dataset, max(sizes))
     if len(questions) < max(sizes):
         raise EagleError(f"{args.dataset} has {len(questions)} questions: fewer than the largest batch size {max(sizes)}")
+    out = output_folder(args.out or Path("runs") / f"bench-batch-{time.strftime('%Y%m%d-%H%M%S')}")  # before the work
     gen = load_generator(args, max_batch=max(sizes))
     prompts = [gen.encode(messages=[{"role": "user", "content": user_message(q, 0, args.dataset, True)}])
                for q in questions]
@@ -150,8 +151,6 @@ def cmd_bench_batch(args) -> int:
             "head": args.head, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "threads": torch.get_num_threads(), "device_name": cpu_identity().get("cpu") or platform.machine(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = args.out or Path("runs") / f"bench-batch-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(rows, meta)
     atomic_write_bytes(out / "results.json", json.dumps({"meta": meta, "rows": rows}, indent=1).encode())
     atomic_write_bytes(out / "results.md", text.encode())

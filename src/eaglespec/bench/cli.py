@@ -17,8 +17,10 @@ from pathlib import Path
 from ..core.config import SamplingParams
 from ..engine.compiled_cache import weights_digest
 from ..errors import EagleError
+from ..files import output_folder
 from .datasets import DATASETS, MT_BENCH, Question, load_questions, user_message
-from .methods import BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, parse_depths, warm_methods
+from .methods import (BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_methods, check_llamacpp, method_names,
+                      parse_depths, warm_methods)
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
@@ -157,7 +159,10 @@ def cmd_bench(args) -> int:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed, sampling_mode(args))  # validate before loading
     if args.max_new_tokens <= 0:
         raise EagleError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    if args.out is not None:
+        output_folder(args.out)  # a file or an unwritable folder is refused before the work
     chains = parse_depths(args.chain)
+    method_names(args.methods, chains, args.tree)  # a typo is refused before the target loads
     questions = load_questions(args.dataset, args.limit)
     gguf = check_llamacpp(args.methods, args.target, sampling.greedy)  # before minutes of loading and compiling
     gen = load_generator(args)

@@ -216,15 +216,7 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
     greedy-only references are dropped at temperature > 0. The llama.cpp methods start a
     llama-server on `gguf` (the target's file) each, entered into `servers` (closed with it)."""
     notes: list[str] = []
-    wanted: list[str] = []
-    for raw in split_methods(names):
-        if raw == "chain":
-            if not chains:
-                raise EagleError("method 'chain' needs --chain depths, e.g. --chain 3,5")
-            wanted += [f"chain:{d}" for d in chains]
-        else:
-            wanted.append(_ALIASES.get(raw, default_tree if raw == "default" else raw))
-    wanted = list(dict.fromkeys(wanted))
+    wanted = method_names(names, chains, default_tree)
     if BASELINE not in wanted:
         notes.append("vanilla added: it is the baseline of the speedup and of the losslessness check")
     wanted = [BASELINE] + [w for w in wanted if w != BASELINE]
@@ -252,14 +244,38 @@ def build_methods(gen: EagleGenerator, names: str, chains: list[int], greedy: bo
         else:
             # once per method: the generator caches a drafter per tree
             tree = gen.tree if name == "auto" else parse_tree(name)
-            if tree is None:
-                raise EagleError(f"method {name!r} is vanilla decoding; use 'vanilla'. {METHODS_HELP}")
             if gen.head is None and gen.drafter is None:
                 raise EagleError(f"method {name!r} needs an EAGLE head, and the generator has none")
             label = str(tree) if isinstance(tree, DynamicTreeSpec) else name  # 'dynamic' -> 'dynamic:4,4,12'
             if all(m.name != label for m in methods):
                 methods.append(LoopMethod(gen, label, tree))
     return methods, notes
+
+
+def method_names(names: str, chains: list[int], default_tree: str = "eagle1") -> list[str]:
+    """--methods as the names `build_methods` runs (aliases resolved, `chain` expanded, each once),
+    each checked without a model, so that a typo is refused before the target loads."""
+    wanted: list[str] = []
+    for raw in split_methods(names):
+        if raw == "chain":
+            if not chains:
+                raise EagleError("method 'chain' needs --chain depths, e.g. --chain 3,5")
+            wanted += [f"chain:{d}" for d in chains]
+        else:
+            wanted.append(_ALIASES.get(raw, default_tree if raw == "default" else raw))
+    wanted = list(dict.fromkeys(wanted))
+    for name in wanted:
+        if name in (BASELINE, EAGER, HF_GENERATE, HF_PROMPT_LOOKUP, LLAMA_CPP, LLAMA_CPP_F32, "auto") or _tuned_variant(name):
+            continue
+        try:
+            tree = parse_tree(name)
+        except EagleError:
+            if ":" in name:  # a tree with arguments: the tree's own message says what is wrong with them
+                raise
+            raise EagleError(f"--methods: unknown method {name!r}; {METHODS_HELP}") from None
+        if tree is None:
+            raise EagleError(f"method {name!r} is vanilla decoding; use 'vanilla'. {METHODS_HELP}")
+    return wanted
 
 
 def check_llamacpp(names: str, target: str | None, greedy: bool = True) -> Path | None:

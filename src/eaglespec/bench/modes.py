@@ -22,9 +22,9 @@ from pathlib import Path
 
 from ..core.config import REPRODUCIBLE, SAMPLING_MODES, SPECULATIVE, SamplingParams
 from ..errors import EagleError
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, output_folder
 from .datasets import add_dataset_arg
-from .methods import BASELINE, LoopMethod, build_methods
+from .methods import BASELINE, LoopMethod, build_methods, method_names
 
 DEFAULTS = {"temperature": "0.7,1.0", "top_p": "0.9,1.0", "modes": f"{SPECULATIVE},{REPRODUCIBLE}", "methods": "auto"}
 
@@ -176,7 +176,10 @@ def cmd_bench_modes(args) -> int:
         from ..engine.decoding import INEXACT_TREES
 
         raise EagleError(f"--sampling-mode reproducible cannot hold with --allow-inexact: {INEXACT_TREES}")
+    method_names(args.methods, [], args.tree)  # a typo is refused before the target loads
     questions = load_questions(args.dataset, args.limit)
+    if args.out is not None:
+        output_folder(args.out)  # a file or an unwritable folder is refused before the work
     gen = load_generator(args)
     if gen.target.tokenizer is None:
         raise EagleError(f"target {gen.target.name} has no tokenizer: bench-modes needs one to encode the questions")

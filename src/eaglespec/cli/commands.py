@@ -9,7 +9,8 @@ import sys
 import time
 
 from ..errors import EagleError
-from .options import DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_model_args, load_generator, sampling_mode
+from .options import (DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_counts, check_model_args,
+                      load_generator, sampling_mode)
 
 
 def cmd_generate(args) -> int:
@@ -138,8 +139,7 @@ def cmd_tune(args) -> int:
     from ..train.data import DataSummary, iter_examples
 
     check_device(args.device)
-    if args.calibration_from < 0:
-        raise EagleError(f"--calibration-from must be a record index >= 0, got {args.calibration_from}")
+    check_counts(args, prompts=1, max_new_tokens=1, vocab_examples=1, reps=1, draft_vocab=0, calibration_from=0)
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
@@ -155,18 +155,23 @@ def cmd_tune(args) -> int:
         counts = count_tokens(((e.input_ids, e.loss_mask) for e in examples), gen.target.vocab_size)
         save_draft_vocab(head_dir, counts)
         top = counts.sort(descending=True).values
-        print(f"draft vocabulary: {summary.line()}; the top {args.draft_vocab} tokens cover "
-              f"{float(top[:args.draft_vocab].sum() / top.sum()):.1%} of assistant tokens")
+        kept = args.draft_vocab or len(top)  # 0: the whole vocabulary, as the other commands read it
+        print(f"draft vocabulary: {summary.line()}; the top {kept} tokens cover "
+              f"{float(top[:kept].sum() / top.sum()):.1%} of assistant tokens")
     if ranks_vocab:
         gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
-                                             draft_vocab_size=args.draft_vocab, compile="off")
-    prompts = [gen.encode(p) for p in sharegpt_prompts(args.prompts, args.calibration_from)]
-    stats = calibrate(gen, prompts, args.max_new_tokens)
+                                             draft_vocab_size=args.draft_vocab or None, compile="off")
+    texts = sharegpt_prompts(args.prompts, args.calibration_from)
+    if not texts:
+        raise EagleError(f"no usable ShareGPT prompt (a first user turn of 20-400 characters) from record "
+                         f"{args.calibration_from} on: pass a smaller --calibration-from")
+    stats = calibrate(gen, [gen.encode(p) for p in texts], args.max_new_tokens)
+    if stats.steps == 0:  # checked before saving: the head's measured table is not replaced by an empty one
+        raise EagleError("no calibration step ran: every calibration prompt ended at once; the head's "
+                         "acceptance.json is unchanged")
     print(f"acceptance p[depth][rank] over {stats.steps} steps, saved to {stats.save(head_dir)}")
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
-    if stats.steps == 0:
-        raise EagleError("no calibration step ran: no usable ShareGPT prompt was found")
     print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
     tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=args.reps, cache=cache_dir(),
                  retune=True)  # what later starts with --tree auto read
@@ -243,19 +248,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _set_threads() -> None:
+    """EAGLESPEC_NUM_THREADS, where set: torch's intra-op threads."""
     import os
 
-    args = build_parser().parse_args(argv)
-    if os.environ.get("EAGLESPEC_NUM_THREADS"):
+    threads = os.environ.get("EAGLESPEC_NUM_THREADS", "").strip()
+    if threads:
+        if not threads.isdigit() or int(threads) < 1:
+            raise EagleError(f"EAGLESPEC_NUM_THREADS={threads!r}: give a whole number of threads >= 1, or unset it")
         import torch
 
-        torch.set_num_threads(int(os.environ["EAGLESPEC_NUM_THREADS"]))
+        torch.set_num_threads(int(threads))
+
+
+def main(argv: list[str] | None = None) -> int:
     from ..pause import hold_machine
 
+    args = build_parser().parse_args(argv)
     # a timing command holds the machine: captures and training runs sleep until it ends (pause.py)
     holding = hold_machine() if getattr(args, "holds_machine", False) else contextlib.nullcontext()
     try:
+        _set_threads()
         with holding:
             return args.func(args)
     except EagleError as exc:

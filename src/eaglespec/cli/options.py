@@ -14,6 +14,15 @@ from ..errors import EagleError
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
+def check_counts(args, **least: int) -> None:
+    """Refuse a whole-number option below its least value (its attribute name=least), by its flag,
+    before anything loads."""
+    for name, minimum in least.items():
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise EagleError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from ..core.config import TREE_HELP
     from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB

@@ -50,11 +50,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> "ServeConfig":
-    from ..cli.options import sampling_mode
+    from ..cli.options import check_counts, sampling_mode
     from ..core.config import SamplingParams
     from .config import ServeConfig
 
     SamplingParams(args.temperature, args.top_p, args.top_k, mode=sampling_mode(args))  # validate before loading
+    check_counts(args, max_new_tokens=1, max_tokens_limit=1, max_prompt_tokens=1, max_queue=1, max_batch=1,
+                 max_connections=1, max_body_bytes=1024)  # by their flags (ServeConfig names its fields)
     return ServeConfig(
         host=args.host, port=args.port, model_name=args.model_name,
         api_key=_api_key(args.api_key),

@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 from ..errors import EagleError
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, output_folder
 
 # One or two prompts per kind of task users send, written for this check.
 BUILTIN_PROMPTS = (
@@ -615,10 +615,10 @@ def cmd_certify(args) -> int:
         raise EagleError("certify compares EAGLE with vanilla decoding: --head none has nothing to certify")
     if args.tree == "none":
         raise EagleError("certify compares EAGLE with vanilla decoding: --tree none has nothing to certify")
+    out = output_folder(args.out or Path("runs") / f"certify-{time.strftime('%Y%m%d-%H%M%S')}")  # before the work
     gen = load_generator(args)  # checks the model options before loading
     if gen.target.tokenizer is None:
         raise EagleError(f"target {gen.target.name} has no tokenizer: certify encodes text prompts")
-    out = args.out or Path("runs") / f"certify-{time.strftime('%Y%m%d-%H%M%S')}"
     say(f"{len(texts)} prompt(s) ({'built-in' if args.prompts is None else args.prompts}), {settings.samples} draws per "
         f"sampling test; report in {out}")
     cert = certify(gen, [gen.encode(t) for t in texts], settings, texts)

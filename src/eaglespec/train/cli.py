@@ -84,6 +84,8 @@ def run_distill(args) -> int:
 
     _one_process("distill")
     config = config_from_args(DistillConfig, args)
+    if args.out.exists() and not args.out.is_dir():
+        raise EagleError(f"--out {args.out} is a file: pass a new or empty directory")
     target = _load_target(args)
     manifest = distill(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
     print(f"distilled {describe(manifest)}; {len(manifest['chunks'])} chunk(s) in {args.out}")
@@ -105,6 +107,8 @@ def run_capture(args) -> int:
 
     _one_process("capture")
     config = config_from_args(CaptureConfig, args)
+    if args.out.exists() and not args.out.is_dir():
+        raise EagleError(f"--out {args.out} is a file: pass a new directory, or the capture's to resume it")
     target = _load_target(args)
     manifest = capture(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
     summary = manifest.get("summary")
