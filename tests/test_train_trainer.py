@@ -135,6 +135,67 @@ def test_eval_first_keeps_one_held_out_set_while_the_data_grows(target, dataset,
         TrainConfig(eval_first=0)
 
 
+class Prefix:
+    """The first n examples of a data set: a capture seen earlier in its growth."""
+
+    def __init__(self, dataset, n):
+        self.dataset, self.n, self.identity = dataset, n, dataset.identity
+
+    def __len__(self):
+        return self.n
+
+    def __getattr__(self, name):
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, i):
+        return self.dataset[i]
+
+
+def test_a_scaling_point_resumes_on_a_capture_that_grew(target, dataset, tmp_path):
+    """With --eval-first and --train-examples a run reads the capture's first examples only: it
+    resumes bit-exact after the capture grew (as a scaling point's does), and is refused when
+    what it read changed. Without --train-examples the growth is other data."""
+    config = TrainConfig(lr=1e-3, warmup=1, grad_accum=1, epochs=2, eval_first=2, train_examples=3, checkpoint_every=1)
+    whole = train(target, dataset, config, tmp_path / "whole", progress=False)
+    with pytest.raises(Interrupted):
+        train(target, FailingDataset(Prefix(dataset, 6), reads=4), config, tmp_path / "cut", progress=False)
+    assert torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=True)["step"] >= 1
+    cut = train(target, dataset, config, tmp_path / "cut", progress=False)  # 10 examples now, not 6
+    assert all(torch.equal(v, cut.head.state_dict()[k]) for k, v in whole.head.state_dict().items())
+    assert whole.history == cut.history
+
+    grown = TrainConfig(**{**config.__dict__, "train_examples": None})
+    with pytest.raises(Interrupted):
+        train(target, FailingDataset(Prefix(dataset, 6), reads=4), grown, tmp_path / "all", progress=False)
+    with pytest.raises(EagleError, match="made on other data"):
+        train(target, dataset, grown, tmp_path / "all", progress=False)
+
+
+def test_a_resume_checks_the_compute_dtype_and_forgives_older_checkpoints(target, dataset, tmp_path):
+    """A checkpoint records the compute dtype and device; one made otherwise is refused, naming
+    the options to resume with. A checkpoint from before these records (no "run", no "read")
+    still resumes. A temporary file left by a killed checkpoint write does not block a start."""
+    config = TrainConfig(lr=1e-3, warmup=1, grad_accum=1, epochs=1, eval_fraction=0.2, checkpoint_every=1)
+    with pytest.raises(Interrupted):
+        train(target, FailingDataset(dataset, reads=3), config, tmp_path / "cut", progress=False)
+    path = tmp_path / "cut" / CHECKPOINT
+    state = torch.load(path, weights_only=True)
+    assert state["run"] == {"compute_dtype": "float32", "device": "cpu"} and "read" in state["data"]
+    torch.save({**state, "run": {"compute_dtype": "bfloat16", "device": "cpu"}}, path)
+    with pytest.raises(EagleError, match="compute dtype bfloat16 on cpu, this run has float32 on cpu: resume with "
+                                         "--compute-dtype bfloat16"):
+        train(target, dataset, config, tmp_path / "cut", progress=False)
+    older = {k: v for k, v in state.items() if k != "run"}
+    older["data"] = {k: v for k, v in state["data"].items() if k != "read"}
+    torch.save(older, path)
+    (tmp_path / "cut" / ".checkpoint.pt.x1y2.tmp").write_bytes(b"cut short")
+    assert train(target, dataset, config, tmp_path / "cut", progress=False).steps == 8
+    assert not list((tmp_path / "cut").glob(".*.tmp"))
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / ".checkpoint.pt.x1y2.tmp").write_bytes(b"cut short")
+    assert train(target, dataset, config, tmp_path / "new", progress=False).steps == 8
+
+
 def test_output_directory_rules(target, dataset, tmp_path):
     config = TrainConfig(max_steps=1, grad_accum=2, eval_fraction=0.2)
     train(target, dataset, config, tmp_path, progress=False)

@@ -130,7 +130,7 @@ def run_train(args) -> int:
 
 def _train(args, config: TrainConfig, data: DataConfig, dist) -> int:
     from .capture import FeatureDataset, OnlineDataset
-    from .data import load_examples
+    from .data import load_examples, source_digest
     from .trainer import eval_line, train
 
     if args.capture_dir is not None:
@@ -139,8 +139,10 @@ def _train(args, config: TrainConfig, data: DataConfig, dist) -> int:
                              "with --capture-dir the capture fixed them (recapture to change them)")
         dataset = FeatureDataset(args.capture_dir, partial=args.partial, hidden=config.head == "eagle3")
         target = _load_target(args)
-        info = {"source": "capture", "tokens": dataset.manifest["tokens"],  # no paths: heads get shipped
-                "capture_options": dataset.manifest["options"], "capture_summary": dataset.manifest["summary"]}
+        manifest = dataset.manifest
+        info = {"source": "capture", "tokens": manifest["tokens"],  # no paths: heads get shipped
+                "capture_options": manifest["options"], "capture_summary": manifest["summary"],
+                "capture_dtype": manifest.get("compute_dtype"), "data_sha256": manifest.get("data_sha256")}
     else:
         target = _load_target(args)
         examples, summary = load_examples(target.tokenizer, data)
@@ -148,7 +150,8 @@ def _train(args, config: TrainConfig, data: DataConfig, dist) -> int:
             print(summary.line(), flush=True)
         layers = parse_layers(config.aux_layers, target.config.num_hidden_layers) if config.head == "eagle3" else None
         dataset = OnlineDataset(target, examples, layers)
-        info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens}
+        info = {"source": "online", "data_options": to_dict(data), "tokens": summary.tokens,
+                "data_sha256": source_digest(data.data)}
     result = train(target, dataset, config, args.out, device=args.device, compute_dtype=target.dtype,
                    overwrite=args.overwrite, resume=args.resume, progress=args.progress, data_info=info, dist=dist)
     if not dist.is_main:

@@ -59,6 +59,7 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 PLOT = "loss_curve.png"
 _OUTPUTS = (CONFIG, WEIGHTS, METRICS, PLOT, CHECKPOINT, vocab.FILE)
+DATA_KEYS_ADDED = ("read", "capture_dtype", "data_sha256")  # recorded since 2026-12-06
 
 
 @dataclass
@@ -118,6 +119,8 @@ def prepare_out_dir(out_dir: Path, overwrite: bool, resume: bool) -> bool:
         for name in _OUTPUTS:
             (out_dir / name).unlink(missing_ok=True)
         return False
+    for leftover in out_dir.glob(".*.tmp"):  # an atomic write cut short (a kill -9): never a complete file
+        leftover.unlink(missing_ok=True)
     if resume and (out_dir / CHECKPOINT).is_file():
         return True
     if any(p.name != PAUSE_FILE for p in out_dir.iterdir()):
@@ -176,6 +179,10 @@ class Trainer:
             self.train_idx = self.train_idx[:config.train_examples]
         if not self.train_idx:
             raise EagleError("no training examples left after the held-out split: lower --eval-fraction")
+        # what this run reads: with --eval-first and --train-examples, the first examples of a capture,
+        # the same however far the capture has grown since (a scaling point resumes on a growing one)
+        read = self.eval_idx + self.train_idx
+        self.data_info["read"] = {"examples": len(read), "tokens": sum(int(dataset.tokens(i)[0].numel()) for i in read)}
         self.steps_per_epoch = math.ceil(len(self.train_idx) / config.grad_accum)
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
@@ -306,7 +313,12 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "position": self.position, "history": self.history,
             "window": self.window,
             "config": to_dict(self.config), "target": self.target.identity(), "data": self.data_info,
+            "run": self._run_record(),
         }
+
+    def _run_record(self) -> dict:
+        """The arithmetic a run's steps use: a resumed run must use the same."""
+        return {"compute_dtype": str(self.compute_dtype).removeprefix("torch."), "device": self.device.type}
 
     def save_checkpoint(self) -> None:
         if not self.dist.is_main:  # every process holds the same state
@@ -331,9 +343,15 @@ class Trainer:
             diff = sorted(k for k, v in to_dict(theirs).items() if k not in free and getattr(self.config, k) != v)
             raise EagleError(f"checkpoint {path} was made with other training options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite (or --no-resume) to start again")
-        if state["data"] != self.data_info:
+        if not self._same_data(state["data"]):
             raise EagleError(f"checkpoint {path} was made on other data ({state['data']} vs {self.data_info}): "
                              "resume on the same data, or pass --overwrite to start again")
+        run = self._run_record()
+        if "run" in state and state["run"] != run:  # checkpoints before 2026-12-06 did not record it
+            theirs = state["run"]
+            raise EagleError(f"checkpoint {path} was made with compute dtype {theirs['compute_dtype']} on "
+                             f"{theirs['device']}, this run has {run['compute_dtype']} on {run['device']}: resume with "
+                             f"--compute-dtype {theirs['compute_dtype']} --device {theirs['device']}, or pass --overwrite")
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -343,6 +361,21 @@ class Trainer:
                 torch.cuda.set_rng_state(rng, i)
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.history, self.window = state["history"], state["window"]
+
+    def _same_data(self, theirs: dict) -> bool:
+        """Whether a checkpoint's data record is this run's. With --eval-first and --train-examples
+        the run reads the capture's first examples only, so the capture's size (examples, tokens,
+        a summary that appears when it completes) may differ: what was read must not. Keys recorded
+        since a checkpoint was made (DATA_KEYS_ADDED) are not held against it."""
+        theirs, ours = dict(theirs), dict(self.data_info)
+        for key in DATA_KEYS_ADDED:
+            if key not in theirs:
+                ours.pop(key, None)
+        if self.config.eval_first is not None and self.config.train_examples is not None:
+            for key in ("examples", "tokens", "capture_summary"):
+                theirs.pop(key, None)
+                ours.pop(key, None)
+        return theirs == ours
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
