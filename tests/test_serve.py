@@ -275,8 +275,10 @@ def test_serve_cli_options(monkeypatch):
     assert (config.header_timeout, config.max_connections) == (10.0, 256)
     config = config_from_args(parser.parse_args(["serve", "--header-timeout", "2.5", "--max-connections", "8"]))
     assert (config.header_timeout, config.max_connections) == (2.5, 8)
-    for flag, value in (("--header-timeout", "0"), ("--max-connections", "0")):
-        with pytest.raises(EagleError, match=flag.removeprefix("--").replace("-", "_")):
+    for flag, value, message in (("--header-timeout", "0", "header_timeout must be > 0"),
+                                 ("--max-connections", "0", "--max-connections must be >= 1, got 0"),
+                                 ("--max-batch", "0", "--max-batch must be >= 1, got 0")):
+        with pytest.raises(EagleError, match=message):
             config_from_args(parser.parse_args(["serve", flag, value]))
     with pytest.raises(EagleError, match="temperature"):
         config_from_args(parser.parse_args(["serve", "--temperature", "-1"]))

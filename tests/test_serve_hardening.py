@@ -114,6 +114,29 @@ def test_queued_client_that_hangs_up_is_cancelled(gen, stream):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+def test_a_queued_client_that_hangs_up_frees_its_place_in_the_queue_at_once(gen):
+    """One sequence at a time, one waiting: while a long request holds the worker, a queued client
+    leaves; its place is free at once (not when the worker reaches its entry), so a new request is
+    queued, not refused with queue_full."""
+    app = create_app(SlowGenerator(gen, delay=0.2), ServeConfig(max_tokens=400, max_batch=1, max_queue=1,
+                                                                queue_timeout=DEADLINE_S))
+    long = {"messages": CHAT, "max_tokens": 400}
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=DEADLINE_S) as http:
+        with http.stream("POST", "/v1/chat/completions", json={**long, "stream": True}) as hog:
+            lines = hog.iter_lines()
+            next(lines)  # the worker is busy with it
+            sock = raw_post(url, "/v1/chat/completions", json.dumps(long).encode())
+            wait_until(lambda: app.state.engine.waiting == 1, "the second request waits")
+            status, body = read_reply(raw_post(url, "/v1/chat/completions", json.dumps(long).encode()))
+            assert status == 503 and body["error"]["code"] == "queue_full"
+            sock.close()
+            wait_until(lambda: app.state.engine.waiting == 0, "the place of the client that left is free")
+            assert app.state.engine.running == 1  # the long request still holds the worker
+            third = raw_post(url, "/v1/chat/completions", json.dumps(long).encode())
+            wait_until(lambda: app.state.engine.waiting == 1, "a new request is queued, not refused")
+            third.close()
+
+
 # -- 2. body size, slow bodies, long prompts, tokenizing off the event loop ------------------------
 def test_body_over_the_limit_gets_413(server):
     big = json.dumps({"messages": [{"role": "user", "content": "x" * (2 * BODY_LIMIT)}]}).encode()
@@ -385,6 +408,16 @@ BAD = [  # (name, path, body (dict, or a JSON string for what httpx will not enc
     ("echo", "/v1/completions", {"prompt": "a", "echo": True}, "echo"),
     ("best_of", "/v1/completions", {"prompt": "a", "best_of": 2}, "best_of"),
     ("logit_bias", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 100}}, "logit_bias"),
+    ("presence_penalty", "/v1/chat/completions", messages_with(presence_penalty=1.5), "presence_penalty"),
+    ("frequency_penalty", "/v1/completions", {"prompt": "a", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("repetition_penalty", "/v1/chat/completions", messages_with(repetition_penalty=1.2), "repetition_penalty"),
+    ("min_p", "/v1/chat/completions", messages_with(min_p=0.1), "min_p"),
+    ("min_tokens", "/v1/completions", {"prompt": "a", "min_tokens": 5}, "min_tokens"),
+    ("ignore_eos", "/v1/chat/completions", messages_with(ignore_eos=True), "ignore_eos"),
+    ("stop_token_ids", "/v1/completions", {"prompt": "a", "stop_token_ids": [2]}, "stop_token_ids"),
+    ("top_k below -1", "/v1/chat/completions", messages_with(top_k=-2), "top_k"),
+    ("stream_options without a stream", "/v1/chat/completions",
+     messages_with(stream_options={"include_usage": True}), "stream_options"),
 ]
 
 
@@ -402,7 +435,10 @@ GOOD = [  # accepted: OpenAI's nulls and the no-op values of the unsupported fie
     ("largest seed", messages_with(seed=2**64 - 1, temperature=0.5)),
     ("smallest seed", messages_with(seed=-2**63, temperature=0.5)),
     ("no-op values", messages_with(logprobs=False, top_logprobs=None, tools=[], tool_choice="auto",
-                                   response_format={"type": "text"}, logit_bias={}, presence_penalty=0)),
+                                   response_format={"type": "text"}, logit_bias={}, presence_penalty=0,
+                                   frequency_penalty=0.0, repetition_penalty=1.0, min_p=0, min_tokens=0,
+                                   ignore_eos=False, stop_token_ids=[])),
+    ("top_k -1 (vLLM's and SGLang's off)", messages_with(top_k=-1, temperature=0.7, seed=3)),
 ]
 
 
@@ -410,6 +446,13 @@ GOOD = [  # accepted: OpenAI's nulls and the no-op values of the unsupported fie
 def test_accepted_values(server, name, body):
     r = httpx.post(server + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
+def test_top_k_minus_one_is_top_k_off(server):
+    """vLLM's and SGLang's "off" (-1) samples as our 0 does: the same seed, the same text."""
+    texts = [httpx.post(server + "/v1/chat/completions", timeout=60, json=messages_with(
+        top_k=k, temperature=0.9, seed=11, max_tokens=8)).json()["choices"][0]["message"]["content"] for k in (-1, 0, 1)]
+    assert texts[0] == texts[1] and texts[0] != texts[2]  # top_k 1 is greedy: it differs here
 
 
 @pytest.mark.parametrize("temperature", [1e-39, 1e-6])

@@ -32,12 +32,13 @@ class WholeDecode:
             return ""
         self.ids.extend(tokens)
         text = self.decode(self.ids)
+        settled = text.rstrip("\ufffd")  # a stop string in the settled text counts at once
+        cut = min((i for i in (settled.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self.text = True, settled[:cut]
+            return self._take(cut)
         if text.endswith("\ufffd"):
             return ""
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped, self.text = True, text[:cut]
-            return self._take(cut)
         self.text = text
         return self._take(len(text) - _held(text, self.stop))
 
@@ -99,6 +100,26 @@ def test_incremental_text_is_the_whole_decode_on_the_tiny_tokenizer():
     for n in range(30):
         ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 80))]
         _check(tok, ids, STOPS[n % len(STOPS)] + ("ab",), seed=n)
+
+
+def _bytes_decode(pieces: list[bytes]):
+    """A byte-level tokenizer's decode over the ids 0..len(pieces)-1."""
+    return lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_before_an_incomplete_character_ends_the_text_at_once():
+    """A step whose text ends in the first byte of a multi-byte character, after a stop string:
+    the stop counts in that step (it was once found only a step later, and never when that step
+    was the last: the stop string went out with the reply)."""
+    decode = _bytes_decode([b"Hi", b". Then", b"\xe4", b"\xb8\x80 more"])
+    text = TextStream(decode, ["."])
+    assert text.push([0, 1, 2]) == "Hi" and text.stopped
+    assert text.flush() == "" and text.text == "Hi"
+    text = TextStream(decode, ["Then"])
+    assert text.push([0]) == "Hi" and text.push([1, 2]) == ". " and text.stopped and text.text == "Hi. "
+    unsettled = TextStream(decode, ["\u4e00 m"])  # the stop's first character is not complete yet
+    assert unsettled.push([0, 1, 2]) == "" and not unsettled.stopped
+    assert unsettled.push([3]) == "Hi. Then" and unsettled.stopped and unsettled.flush() == ""
 
 
 def _metaspace_tokenizer():

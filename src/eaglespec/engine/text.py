@@ -55,23 +55,27 @@ class TextStream:
         if self.token_ends:  # an incomplete UTF-8 character belongs to the token that completes it
             self.ends = [len(self._upto(j, head).rstrip("\ufffd")) for j in range(start + 1, len(self.ids) + 1)]
         text = self._upto(len(self.ids), head)
-        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
-            return ""
-        if len(text) > len(self._full):  # new text: the ids so far become the next push's context
+        incomplete = text.endswith("\ufffd")  # a multi-byte character is still incomplete: held back
+        if not incomplete and len(text) > len(self._full):  # new text: the ids so far become the next push's context
             self._full, self._context, self._done = text, self._done, len(self.ids)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            self.text = text[:cut]
-            return self._take(cut)
+        settled = text.rstrip("\ufffd")  # a stop string in the settled text ends it now, this step
+        if self._stop_at(settled) or incomplete:
+            return self._take(len(self.text)) if self.stopped else ""
         self.text = text
         return self._take(len(text) - _held(text, self.stop))
 
     def flush(self) -> str:
-        """The held-back rest, at the end of generation."""
+        """The held-back rest, at the end of generation (`push` has searched its settled text)."""
         if not self.stopped:
             self.text = self._upto(len(self.ids), len(self._head()))
         return self._take(len(self.text))
+
+    def _stop_at(self, text: str) -> bool:
+        """Whether `text` holds a stop string; if so the text ends where the first one begins."""
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self.text = True, text[:cut]
+        return cut >= 0
 
     def _take(self, end: int) -> str:
         end = max(end, self.sent)

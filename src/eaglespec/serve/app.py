@@ -198,7 +198,7 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
             sampling = SamplingParams(
                 0.0 if temperature < MIN_TEMPERATURE else temperature,  # logits / 1e-39 overflow: serve it greedy
                 req.top_p if req.top_p is not None else config.top_p,
-                req.top_k if req.top_k is not None else config.top_k, req.seed,
+                req.top_k_or_off() if req.top_k is not None else config.top_k, req.seed,
                 req.sampling_mode or config.sampling_mode or generator.default_sampling_mode)
             generator.check_sampling(sampling)
         except EagleError as exc:
@@ -329,7 +329,7 @@ def create_app(generator, config: ServeConfig | None = None) -> FastAPI:
                 _release(job)  # the client went away mid-stream (or we are done): free the worker
 
     def _release(job: Job) -> None:
-        job.cancel()  # a no-op once the job is done
+        engine.cancel(job)  # a no-op once the job is done
         jobs.pop(id(job), None)
         running.discard(id(job))
 

@@ -70,8 +70,10 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     speculative: bool = True   # False: decoded without drafts (the request's "eaglespec": {"speculative": false})
     token_origin: bool = False  # report each token's origin and each step (serve/origin.py)
+    queued: bool = False  # counted among the engine's waiting jobs (until taken into the batch or cancelled)
 
     def cancel(self) -> None:
+        """Engine.cancel also frees a queued job's place in the queue at once: call that."""
         self.cancelled.set()
 
     def emit(self, event) -> None:
@@ -112,14 +114,28 @@ class Engine:
     # -- called from the event loop ------------------------------------------------------------
     def submit(self, input_ids: list[int], max_tokens: int, sampling: SamplingParams, stop: list[str],
                speculative: bool = True, token_origin: bool = False) -> Job:
+        job = Job(input_ids, max_tokens, sampling, stop, asyncio.get_running_loop(), speculative=speculative,
+                  token_origin=token_origin)
         with self._count_lock:
             if self._waiting >= self.max_queue:
                 raise QueueFull(f"{self._waiting} requests are already waiting")
             self._waiting += 1
-        job = Job(input_ids, max_tokens, sampling, stop, asyncio.get_running_loop(), speculative=speculative,
-                  token_origin=token_origin)
+            job.queued = True
         self._queue.put(job)
         return job
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: the job leaves the batch at the next step, and a job still in the
+        queue stops counting against --max-queue now (its entry is skipped when reached), so that
+        abandoned requests never refuse new ones."""
+        job.cancel()
+        self._dequeued(job)
+
+    def _dequeued(self, job: Job) -> None:
+        with self._count_lock:
+            if job.queued:
+                job.queued = False
+                self._waiting -= 1
 
     @property
     def waiting(self) -> int:
@@ -194,8 +210,7 @@ class Engine:
                 return True
             if job is None:
                 return False
-            with self._count_lock:
-                self._waiting -= 1
+            self._dequeued(job)
             if job.cancelled.is_set():
                 continue
             job.emit(Started(time.perf_counter() - job.submitted))

@@ -62,7 +62,7 @@ class _Request(BaseModel):
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
-    top_k: StrictInt | None = Field(default=None, ge=0)  # not OpenAI's; vLLM and others accept it
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # not OpenAI's; as vLLM and SGLang, 0 or -1: off
     seed: StrictInt | None = None
     sampling_mode: Literal["speculative", "reproducible"] | None = None  # not OpenAI's; null = the server's --sampling-mode
     stop: Text | list[Text] | None = None
@@ -70,16 +70,34 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     n: StrictInt | None = Field(default=None, ge=1, le=1)  # null = 1
     logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None  # vLLM's and SGLang's, as the five below
+    min_p: Any = None
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    stop_token_ids: Any = None
     eaglespec: Extension | None = None  # null = the defaults, as for every optional field
 
     # fields this server cannot honour -> the values that ask for nothing, the only ones accepted
-    UNSUPPORTED: ClassVar[dict[str, tuple]] = {"logit_bias": (None, {})}
+    # (a penalty would change which tokens are sampled: ignoring it would answer another request)
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {
+        "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+        "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0), "min_tokens": (None, 0),
+        "ignore_eos": (None, False), "stop_token_ids": (None, [])}
 
     @field_validator("seed")
     @classmethod
     def _seed(cls, v):
         if v is not None and not SEED_RANGE[0] <= v < SEED_RANGE[1]:
             raise ValueError("must be an integer in [-2**63, 2**64)")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v, info: ValidationInfo):
+        if v is not None and not info.data.get("stream"):  # as OpenAI and vLLM
+            raise ValueError("only allowed when stream is true")
         return v
 
     @field_validator("stop")
@@ -101,6 +119,10 @@ class _Request(BaseModel):
 
     def stops(self) -> list[str]:
         return self.stop or []
+
+    def top_k_or_off(self) -> int | None:
+        """top_k with vLLM's and SGLang's -1 ("off") read as ours, 0."""
+        return 0 if self.top_k == -1 else self.top_k
 
     def extension(self) -> Extension:
         return self.eaglespec or Extension()
