@@ -239,3 +239,21 @@ def test_the_check_catches_wrong_acceptance_rules():
     for name, verify in wrong_rules.items():
         checks = emission_checks(verify, tokens, probs, parents, runs=6000, seed=1)
         assert not all(ok for _, ok, _, _ in checks), f"{name} passed: {describe(checks)}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_sibling_is_accepted_exactly_when_a_float64_draw_falls_below_its_p(seed):
+    """The acceptance draw is float64 against float32 probabilities: with p[c] the float32 just
+    above the seeded draw the child is accepted, just below it rejected (a float32 draw, on a
+    2^-24 grid, accepted a child of p < 2^-24 with probability 2^-24, not p)."""
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    nearest = torch.tensor(u, dtype=torch.float32)
+    above = nearest if float(nearest) > u else torch.nextafter(nearest, torch.tensor(2.0))  # the least float32 > u
+    below = torch.nextafter(above, torch.tensor(-1.0))
+    assert float(below) < u < float(above)
+    for pc, accepted in ((above, True), (below, False)):
+        p = torch.zeros(2, 4)
+        p[0, 1], p[0, 2] = pc, 1 - pc
+        p[1, 3] = 1.0
+        result = verify_sampling(torch.tensor([0, 1]), p, torch.tensor([-1, 0]), torch.Generator().manual_seed(seed))
+        assert (result.path.tolist() == [0, 1]) is accepted

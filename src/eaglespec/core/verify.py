@@ -96,8 +96,10 @@ def verify_sampling(
         accepted = None
         for child in children[node]:
             token = tokens[child]
-            u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
-            if bool(u < p[token]):  # accept with probability min(1, p / q), q = 1
+            # float64: a float32 draw lies on a 2^-24 grid, and would accept a token of p below
+            # 2^-24 (a confident target's low-ranked sibling) with probability 2^-24, not p
+            u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
+            if bool(u < p[token].double()):  # accept with probability min(1, p / q), q = 1
                 accepted = child
                 break
             p[token] = 0.0
