@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import EagleError
+from ..files import output_folder
 from .config import (CaptureConfig, DataConfig, DistillConfig, TrainConfig, add_config_arguments, config_from_args,
                      parse_layers, to_dict)
 
@@ -84,8 +85,7 @@ def run_distill(args) -> int:
 
     _one_process("distill")
     config = config_from_args(DistillConfig, args)
-    if args.out.exists() and not args.out.is_dir():
-        raise EagleError(f"--out {args.out} is a file: pass a new or empty directory")
+    output_folder(args.out)  # a file or an unwritable folder is refused before the target loads
     target = _load_target(args)
     manifest = distill(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
     print(f"distilled {describe(manifest)}; {len(manifest['chunks'])} chunk(s) in {args.out}")
@@ -107,8 +107,7 @@ def run_capture(args) -> int:
 
     _one_process("capture")
     config = config_from_args(CaptureConfig, args)
-    if args.out.exists() and not args.out.is_dir():
-        raise EagleError(f"--out {args.out} is a file: pass a new directory, or the capture's to resume it")
+    output_folder(args.out)  # a file or an unwritable folder is refused before the target loads
     target = _load_target(args)
     manifest = capture(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
     summary = manifest.get("summary")
