@@ -390,6 +390,39 @@ def test_compile_mode_reads_the_environment_and_refuses_bad_values(monkeypatch):
         compile_mode(None)
 
 
+@needs_cxx
+@pytest.mark.parametrize("failure", ["inductor", "disk"])
+def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_with_auto(tmp_path, monkeypatch, failure):
+    """A package build that fails (an error inside inductor, a full disk) keeps nothing half-built:
+    --compile on is a one-line error naming the cause and the fix; --compile auto runs the eager
+    kernels, says why, and decodes eager vanilla's ids."""
+    import errno
+
+    from eaglespec.engine import decoding
+
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path))
+    built = []
+
+    def fail(self, program, path, apart, backends=None):
+        path.write_bytes(b"half a package")
+        built.append(path)
+        if failure == "disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("C++ compile failed:\nerror: expected ';'")
+
+    monkeypatch.setattr(CompiledSteps, "_package", fail)
+    monkeypatch.setattr(decoding, "load_target", lambda *args, **kwargs: tiny_target("llama", dtype=torch.float32))
+    with pytest.raises(EagleError) as caught:
+        EagleGenerator.from_pretrained(None, None, "chain:3", compile="on")
+    message = str(caught.value)
+    cause = "is full" if failure == "disk" else "RuntimeError: C++ compile failed: error: expected ';'"
+    assert "\n" not in message and cause in message and "--compile off" in message and "nothing half-built" in message
+    assert built and not any(p.exists() for p in built) and not list(tmp_path.rglob("*.pt2"))
+    gen = EagleGenerator.from_pretrained(None, None, "chain:3", compile="auto")
+    assert gen.target.steps.name == "eager" and gen.compile_note.startswith("eager kernels: ") and cause in gen.compile_note
+    assert ids(gen, speculative=False) == ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
+
+
 def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     target = tiny_target("llama")

@@ -129,6 +129,24 @@ def limits_problem(tokens: int | None = None, rows: int | None = None) -> str | 
 CUDA_AUTO_EAGER = "the compiled path crashed building its first graph on the one GPU it ran on (docs/gpu.md)"
 
 
+class CompileFailed(EagleError):
+    """Building a graph's package failed (a full disk, an error inside inductor or the C++
+    build): nothing half-built is kept. `reason` says what failed, for --compile auto's note
+    (EagleGenerator.from_pretrained then runs the eager kernels); the message adds the fix."""
+
+    def __init__(self, what: str, folder, exc: BaseException):
+        import errno
+
+        chain, full = exc, False
+        while chain is not None and not full:
+            full = isinstance(chain, OSError) and chain.errno in (errno.ENOSPC, errno.EDQUOT)
+            chain = chain.__cause__ or chain.__context__
+        self.reason = (f"the disk holding {folder} is full (building {what})" if full
+                       else f"building {what} failed ({one_line(exc, 200)})")
+        fix = "free some space and start again, or" if full else "report it;"
+        super().__init__(f"{self.reason}: nothing half-built is kept; {fix} --compile off runs the eager kernels")
+
+
 def check_limits(mode: str, tokens: int | None = None, rows: int | None = None) -> None:
     """--compile on with a tree or batch beyond the buckets: the EagleError, before anything loads."""
     problem = limits_problem(tokens, rows) if mode == "on" else None
@@ -847,25 +865,33 @@ class CompiledSteps:
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
             return _Jit(module, self.autotune, backends)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
-        runner = None
         try:
-            try:  # constants beside the .so, shared; bound before the package is kept
-                with _unique_constant_names() as apart:
-                    if apart:
-                        self._package(program, partial, True, backends)
-                        runner = self._load(partial, module)
-            except Exception as exc:
-                # e.g. oneDNN's packed weights (opaque tensors: max-autotune's pick for some shapes)
-                # cannot be pickled; inside the .so they load unshared (the graph is built again, once)
-                self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "
-                          "building it again with them inside (this graph's weights are not shared)")
-            if runner is None:
-                self._package(program, partial, False, backends)
-            os.replace(partial, path)
+            runner = self._package_and_bind(program, partial, path, module, backends)
+        except Exception as exc:
+            raise CompileFailed(what, path.parent, exc) from exc
         finally:
             partial.unlink(missing_ok=True)
         self._say(f"  built in {time.perf_counter() - began:.0f} s")
         return runner if runner is not None else self._load(path, module)
+
+    def _package_and_bind(self, program, partial, path, module, backends):
+        """Build `program`'s package at `partial`, then rename it to `path` -> its loaded runner
+        when its constants could be kept beside it and bound (else None: load `path`)."""
+        runner = None
+        try:  # constants beside the .so, shared; bound before the package is kept
+            with _unique_constant_names() as apart:
+                if apart:
+                    self._package(program, partial, True, backends)
+                    runner = self._load(partial, module)
+        except Exception as exc:
+            # e.g. oneDNN's packed weights (opaque tensors: max-autotune's pick for some shapes)
+            # cannot be pickled; inside the .so they load unshared (the graph is built again, once)
+            self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "
+                      "building it again with them inside (this graph's weights are not shared)")
+        if runner is None:
+            self._package(program, partial, False, backends)
+        os.replace(partial, path)
+        return runner
 
     def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
         def build(choice):

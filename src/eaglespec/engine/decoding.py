@@ -162,7 +162,7 @@ class EagleGenerator:
         from .numerics import DTYPES, check_dtype_runs, choose_dtype, numerics_for, parse_dtype
         from .quant import quantize_target
 
-        from .compiled import check_limits, compile_mode, use_compiled
+        from .compiled import CompileFailed, check_limits, compile_mode, use_compiled
 
         compile = compile_mode(compile, quantize)
         limits = dict(tokens=_verified_tokens(parsed), rows=max_batch)
@@ -180,47 +180,56 @@ class EagleGenerator:
         numerics, numerics_note = None, ""
         if dtype == "auto":
             tm, numerics, numerics_note = choose_dtype(tm, device, retune)
-        compile_note = use_compiled(tm, compile, **limits)
-        if tree == "auto" and head is not None and (numerics is None or tm.steps.builds_steps):
-            # what gates the trees is the kernels that verify them: choose_dtype measured the eager
-            # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
-            # EAGLE-1's tree's where a head without acceptance.json would verify that)
-            sizes = None
-            untuned = head_dir is None or not (head_dir / STATS_FILE).is_file()
-            if tm.steps.builds_steps and untuned:
-                sizes = (*tm.steps.invariance_sizes, parse_tree("eagle1").num_nodes + 1)
-            numerics = numerics_for(tm, sizes, retune=retune)
-        note = ""
-        if head is None:
-            gen = cls(tm, None, "none" if tree == "auto" else tree)
+        model, note, draft_vocab = None, "", None
+        if head == "default" and head_dir is None:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                model = EagleHead(tm.config)
+            note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
+            warnings.warn(note, stacklevel=2)
+        elif head is not None:
+            if head == "default":  # a named or given one was checked before loading
+                check_head_dir(head_dir)
+            model = load_head(head_dir, tm.config)
+            if model.kind == "eagle1":  # an EAGLE-3 head brings its own draft vocabulary
+                draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size)
+        if model is not None:
+            model = model.to(device=tm.device, dtype=tm.dtype)
+
+        def finish(compile_note: str, numerics) -> "EagleGenerator":
+            """The generator on tm's steps as they are now: trees gated and tuned, steps warmed."""
+            if tree == "auto" and model is not None and (numerics is None or tm.steps.builds_steps):
+                # what gates the trees is the kernels that verify them: choose_dtype measured the eager
+                # ones, and a compiled step rounds otherwise (measured on its own query buckets, and on
+                # EAGLE-1's tree's where a head without acceptance.json would verify that)
+                sizes = None
+                untuned = head_dir is None or not (head_dir / STATS_FILE).is_file()
+                if tm.steps.builds_steps and untuned:
+                    sizes = (*tm.steps.invariance_sizes, parse_tree("eagle1").num_nodes + 1)
+                numerics = numerics_for(tm, sizes, retune=retune)
+            if model is None:
+                gen = cls(tm, None, "none" if tree == "auto" else tree)
+            else:
+                gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
+                          head_dir=head_dir)
+                gen.inexact_trees = allow_inexact
+                gen.draft_floor = draft_floor
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
+            if model is not None and tree == "auto":
+                limit = None if allow_inexact or numerics is None else numerics.tree_limit()
+                use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
             gen.warm()
             return gen
-        if head == "default":
-            if head_dir is None:
-                with torch.random.fork_rng():
-                    torch.manual_seed(0)
-                    model = EagleHead(tm.config)
-                note = "no trained head ships for this target: using a freshly initialised (random) head, expect tau ~1"
-                warnings.warn(note, stacklevel=2)
-            else:
-                check_head_dir(head_dir)
-        if head_dir is not None:
-            model = load_head(head_dir, tm.config)
-        draft_vocab = None  # an EAGLE-3 head brings its own
-        if head_dir is not None and model.kind == "eagle1":
-            draft_vocab = load_draft_vocab(head_dir, draft_vocab_size, tm.vocab_size)
-        model = model.to(device=tm.device, dtype=tm.dtype)
-        gen = cls(tm, model, "eagle1" if tree == "auto" else tree, draft_vocab=draft_vocab, head_note=note,
-                  head_dir=head_dir)
-        gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
-        gen.inexact_trees = allow_inexact
-        gen.draft_floor = draft_floor
-        if tree == "auto":
-            limit = None if allow_inexact or numerics is None else numerics.tree_limit()
-            use_auto_tree(gen, retune=retune, max_batch=max_batch, max_tokens=limit)
-        gen.warm()
-        return gen
+
+        eager_steps = tm.steps
+        compile_note = use_compiled(tm, compile, **limits)
+        try:
+            return finish(compile_note, numerics)
+        except CompileFailed as exc:
+            if compile != "auto" or tm.steps is eager_steps:
+                raise
+            tm.steps = eager_steps  # --compile auto: a graph that cannot be built means the eager kernels
+            return finish(f"eager kernels: {exc.reason}", numerics)
 
     @torch.no_grad()
     def warm(self, contexts: tuple[int, ...] = (), trees: tuple = (), vanilla: bool = True) -> None:
