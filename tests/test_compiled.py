@@ -391,7 +391,7 @@ def test_compile_mode_reads_the_environment_and_refuses_bad_values(monkeypatch):
 
 
 @needs_cxx
-@pytest.mark.parametrize("failure", ["inductor", "disk"])
+@pytest.mark.parametrize("failure", ["inductor", "disk", "disk-text"])
 def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_with_auto(tmp_path, monkeypatch, failure):
     """A package build that fails (an error inside inductor, a full disk) keeps nothing half-built:
     --compile on is a one-line error naming the cause and the fix; --compile auto runs the eager
@@ -407,7 +407,9 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
         path.write_bytes(b"half a package")
         built.append(path)
         if failure == "disk":
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        if failure == "disk-text":  # a C++ build out of space: the compiler's text, not an OSError
+            raise RuntimeError("C++ compile error\n/tmp/x.o: No space left on device")
         raise RuntimeError("C++ compile failed:\nerror: expected ';'")
 
     monkeypatch.setattr(CompiledSteps, "_package", fail)
@@ -415,12 +417,31 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
     with pytest.raises(EagleError) as caught:
         EagleGenerator.from_pretrained(None, None, "chain:3", compile="on")
     message = str(caught.value)
-    cause = "is full" if failure == "disk" else "RuntimeError: C++ compile failed: error: expected ';'"
+    cause = {"disk": f"no space left on the disk while building the target's step for 1 row(s) x 1 token(s) x 512 cache slots (writing {tmp_path}",
+             "disk-text": "no space left on the disk while building the target's step for 1 row(s) x 1 token(s) x 512 cache slots (its package goes to",
+             "inductor": "RuntimeError: C++ compile failed: error: expected ';'"}[failure]
     assert "\n" not in message and cause in message and "--compile off" in message and "nothing half-built" in message
     assert built and not any(p.exists() for p in built) and not list(tmp_path.rglob("*.pt2"))
     gen = EagleGenerator.from_pretrained(None, None, "chain:3", compile="auto")
     assert gen.target.steps.name == "eager" and gen.compile_note.startswith("eager kernels: ") and cause in gen.compile_note
     assert ids(gen, speculative=False) == ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
+    # two starts: an error inside inductor builds each start's graph twice (its constants beside it,
+    # then inside), a full disk once (building again cannot help)
+    assert len(built) == (4 if failure == "inductor" else 2)
+    if failure == "inductor":
+        assert compiled.disk_full(caught.value) is None
+
+
+def test_disk_full_reads_the_whole_chain_and_stops_at_a_cycle():
+    import errno
+
+    inner = OSError(errno.EDQUOT, "Disk quota exceeded", "/data/x.pt2")
+    outer = RuntimeError("building failed")
+    outer.__cause__ = inner
+    assert compiled.disk_full(outer) == "/data/x.pt2" and compiled.disk_full(OSError(errno.ENOSPC, "full")) == ""
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert compiled.disk_full(a) is None and compiled.disk_full(ValueError("x")) is None
 
 
 def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_path, monkeypatch):
@@ -926,6 +947,13 @@ def test_compile_command_builds_the_batch_buckets_and_refuses_what_builds_nothin
     assert "batch steps for 2 rows ready" in err and "compiled steps ready" in err
     assert main(["compile", "--compile", "off"]) == 2 and main(["compile", "--max-batch", "0"]) == 2
     assert "builds nothing" in capsys.readouterr().err and len(calls) == 2
+    # a build that fails: one line, with this command's own fix (it refuses --compile off)
+    FakeGen.warm_batches = lambda self, max_batch, say=None: (_ for _ in ()).throw(
+        compiled.CompileFailed("the target's step", "/cache", OSError(28, "No space left on device")))
+    assert main(["compile", "--max-batch", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no space left on the disk while building the target's step" in err
+    assert "free some space and run it again" in err and "runs the eager kernels" not in err
 
 
 def test_a_second_warm_up_without_vanilla_runs_only_drafting():

@@ -129,21 +129,36 @@ def limits_problem(tokens: int | None = None, rows: int | None = None) -> str | 
 CUDA_AUTO_EAGER = "the compiled path crashed building its first graph on the one GPU it ran on (docs/gpu.md)"
 
 
+def disk_full(exc: BaseException) -> str | None:
+    """Where `exc` (or an exception in its chain) says a disk is full: the file it named, '' when
+    it named none, or None when it is not a full disk. A C++ build that runs out of space fails
+    with the compiler's text, not an OSError, so the text counts too."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return str(exc.filename or "")
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return ""
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class CompileFailed(EagleError):
     """Building a graph's package failed (a full disk, an error inside inductor or the C++
     build): nothing half-built is kept. `reason` says what failed, for --compile auto's note
-    (EagleGenerator.from_pretrained then runs the eager kernels); the message adds the fix."""
+    (EagleGenerator.from_pretrained then runs the eager kernels); `full`: a disk was full; the
+    message adds the fix."""
 
     def __init__(self, what: str, folder, exc: BaseException):
-        import errno
-
-        chain, full = exc, False
-        while chain is not None and not full:
-            full = isinstance(chain, OSError) and chain.errno in (errno.ENOSPC, errno.EDQUOT)
-            chain = chain.__cause__ or chain.__context__
-        self.reason = (f"the disk holding {folder} is full (building {what})" if full
+        where = disk_full(exc)
+        self.full = where is not None
+        place = f"writing {where}" if where else f"its package goes to {folder}, the C++ build to the temporary folder"
+        self.reason = (f"no space left on the disk while building {what} ({place})" if self.full
                        else f"building {what} failed ({one_line(exc, 200)})")
-        fix = "free some space and start again, or" if full else "report it;"
+        fix = "free some space and start again, or" if self.full else "report it;"
         super().__init__(f"{self.reason}: nothing half-built is kept; {fix} --compile off runs the eager kernels")
 
 
@@ -884,6 +899,8 @@ class CompiledSteps:
                     self._package(program, partial, True, backends)
                     runner = self._load(partial, module)
         except Exception as exc:
+            if disk_full(exc) is not None:  # building it again cannot help
+                raise
             # e.g. oneDNN's packed weights (opaque tensors: max-autotune's pick for some shapes)
             # cannot be pickled; inside the .so they load unshared (the graph is built again, once)
             self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "

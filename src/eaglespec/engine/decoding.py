@@ -228,8 +228,9 @@ class EagleGenerator:
         except CompileFailed as exc:
             if compile != "auto" or tm.steps is eager_steps:
                 raise
-            tm.steps = eager_steps  # --compile auto: a graph that cannot be built means the eager kernels
-            return finish(f"eager kernels: {exc.reason}", numerics)
+            reason = exc.reason  # the retry runs outside this block: the failed attempt's steps are let go
+        tm.steps = eager_steps  # --compile auto: a graph that cannot be built means the eager kernels
+        return finish(f"eager kernels: {reason}", numerics)
 
     @torch.no_grad()
     def warm(self, contexts: tuple[int, ...] = (), trees: tuple = (), vanilla: bool = True) -> None:
