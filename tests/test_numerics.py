@@ -262,3 +262,19 @@ def test_siblings_are_measured_as_well_as_chains_at_several_cache_lengths(odd_le
     assert [r.exact for r in report.rows] == [True, True, False, False] and report.largest_exact() == 2
     if odd_lengths_only:  # one cache length would have missed it
         assert all(r.exact for r in measure_invariance(target, (1, 2, 3, 4), context=32, offsets=(0,)).rows)
+
+
+def test_the_table_command_answers_help_and_a_compile_it_cannot_run_before_measuring(monkeypatch, capsys):
+    """`python -m eaglespec.engine.numerics --help` prints its options (it once started the
+    minutes-long measurement); --compile on without a C++ compiler is one line before any model loads."""
+    from eaglespec.engine import compiled, target
+
+    monkeypatch.setattr(target, "load_target", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit) as done:
+        numerics.main(["--help"])
+    assert done.value.code == 0 and "--compile {auto,on,off}" in capsys.readouterr().out
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit) as done:
+        numerics.main(["--compile", "on"])
+    assert "--compile on: no C++ compiler" in str(done.value.code) and "\n" not in str(done.value.code)

@@ -268,12 +268,23 @@ def choose_dtype(target, device: str, retune: bool = False) -> tuple[object, Num
     return candidates[chosen], reports[chosen], f"dtype auto: {chosen} ({why}; {facts})"
 
 
-def main() -> None:
-    """`python -m eaglespec.engine.numerics`: the invariance table of docs/numerics.md for the default
-    model, in every format this machine runs (cached measurements are reused)."""
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """`python -m eaglespec.engine.numerics [--compile auto|on|off]`: the invariance table of
+    docs/numerics.md for the default model, in every format this machine runs (cached measurements
+    are reused), then the compiled step's two rows where the compiled path runs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eaglespec.engine.numerics", description=main.__doc__.split(": ", 1)[1])
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="the compiled rows: where the compiled path runs (auto), always (on: an error where it "
+                             "cannot), or none (off)")
+    args = parser.parse_args(argv)
 
     from .compiled import CompiledSteps, artefact_dir, compile_mode, resolve_mode
+    try:  # before the minutes of measuring: --compile on where it cannot run is one line
+        on, why = resolve_mode(compile_mode(args.compile), torch.device("cpu"))
+    except EagleError as exc:
+        raise SystemExit(str(exc)) from None
     from .quant import quantize_target
     from .target import EagerSteps, load_target, native_bf16_cpu
 
@@ -289,11 +300,10 @@ def main() -> None:
         cells = " | ".join(f"{r.max_diff:.2g}{'' if r.exact else ' ✗'}" for r in report.rows)
         print(f"| {label} | {cells} | {report.largest_exact()} |", flush=True)
     # the compiled step (fp32; query sizes up to its buckets): against its own q = 1, and against eager
-    target = load_target(None)
-    on, why = resolve_mode(compile_mode("--compile" in sys.argv and "on" or "auto"), target.device)
     if not on:
         print(f"(no compiled rows: {why})")
         return
+    target = load_target(None)
     target.steps = CompiledSteps(target, folder=artefact_dir(target)[0])
     sizes = tuple(q for q in SIZES if q <= 16)
     for label, reference in (("float32 compiled, against compiled q = 1", None),
