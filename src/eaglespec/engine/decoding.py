@@ -132,7 +132,8 @@ class EagleGenerator:
         weight-only int8 target, which is then the verifier). allow_inexact: let tree='auto' use
         tree sizes whose verification differs from one-at-a-time decoding by more than fp32
         summation order ("lossless up to floating-point rounding"; numerics.py). compile: 'auto'
-        (where a C++ compiler is there; eager on CUDA), 'on', 'off' (eager kernels), or None: the
+        (where a C++ compiler is there; eager on CUDA, and where a graph fails to build as it
+        starts: compiled.CompileFailed), 'on', 'off' (eager kernels), or None: the
         EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
         draft_floor: a lone sequence's confidence floor in [0, 1) (draft/drafter.py; `floor_for`), or
         None: the tuned one with tree='auto', 0 (the whole tree) otherwise.
