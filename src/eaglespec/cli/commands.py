@@ -100,8 +100,7 @@ def cmd_compile(args) -> int:
         gen.warm_batches(args.max_batch, say=lambda line: print(f"[eaglespec] {line}", file=sys.stderr))
     except CompileFailed as exc:  # its own fix: this command exists to compile
         fix = "free some space and run it again" if exc.full else "run it again, or report it"
-        raise EagleError(f"{exc.reason}: nothing half-built is kept; {fix} (decoding with --compile off "
-                         "needs no compiled steps)") from None
+        raise EagleError(exc.message(f"{fix} (decoding with --compile off needs no compiled steps)")) from None
     stats = gen.target.steps.stats
     print(f"[eaglespec] {stats.graphs} compiled steps ready in {time.perf_counter() - start:.0f} s "
           f"({stats.seconds:.0f} s building or loading them)", file=sys.stderr)

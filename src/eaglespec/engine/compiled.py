@@ -159,7 +159,11 @@ class CompileFailed(EagleError):
         self.reason = (f"no space left on the disk while building {what} ({place})" if self.full
                        else f"building {what} failed ({one_line(exc, 200)})")
         fix = "free some space and start again, or" if self.full else "report it;"
-        super().__init__(f"{self.reason}: nothing half-built is kept; {fix} --compile off runs the eager kernels")
+        super().__init__(self.message(f"{fix} --compile off runs the eager kernels"))
+
+    def message(self, fix: str) -> str:
+        """The one line, with `fix` after what failed (a command that cannot use --compile off gives its own)."""
+        return f"{self.reason}: nothing half-built is kept; {fix}"
 
 
 def check_limits(mode: str, tokens: int | None = None, rows: int | None = None) -> None:
