@@ -367,3 +367,21 @@ def test_a_checkpoint_resumes_under_another_micro_batch(tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11, msg=k)
     with pytest.raises(EagleError, match="--micro-batch 1 or more"):
         TrainConfig(micro_batch=0)
+
+
+def test_init_from_continues_a_trained_head_and_refuses_another(target, dataset, tmp_path):
+    config = TrainConfig(lr=3e-3, warmup=1, grad_accum=2, epochs=1, noise=0.0, eval_first=2)
+    first = train(target, dataset, config, tmp_path / "first", progress=False)
+    fresh = Trainer(target, dataset, config, tmp_path / "fresh", progress=False)
+    cont = Trainer(target, dataset, TrainConfig(**{**config.__dict__, "init_from": str(tmp_path / "first")}),
+                   tmp_path / "cont", progress=False)
+    a, b, c = first.head.state_dict(), cont.head.state_dict(), fresh.head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # starts where the first run ended
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # not where a fresh head starts
+    assert cont.evaluate()["loss"] == pytest.approx(first.final_eval["loss"], rel=1e-6)
+    result = cont.run()
+    assert result.steps == first.steps and read_extra(tmp_path / "cont")["train_config"]["init_from"] == str(tmp_path / "first")
+    with pytest.raises(EagleError, match="--init-from .*nowhere: no head folder there"):
+        Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "nowhere")), tmp_path / "x", progress=False)
+    with pytest.raises(EagleError, match="its tensors differ from the head this run builds \\(fc.bias\\)"):
+        Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "first"), fc_bias=False), tmp_path / "y", progress=False)

@@ -161,6 +161,10 @@ class TrainConfig:
                                     "optimizer step), then evaluate and save the head and a checkpoint: the same "
                                     "command continues (the schedule is the full run's) (default: none)")
     seed: int = _opt(0, "seed of the head's initialisation, the split, the data order and the noise")
+    init_from: str | None = _opt(None, "start from this head's weights instead of a fresh initialisation (continued "
+                                 "training): a head folder or a shipped head's name, of the kind and sizes --head and "
+                                 "the target give. Hold out the examples it was trained with held out (--eval-first), "
+                                 "or its held-out figures are not held out (default: a fresh head)")
     checkpoint_every: int = _opt(50, "optimizer steps between checkpoints (one is also written after every epoch)")
     log_every: int = _opt(10, "optimizer steps between training-loss lines in metrics.jsonl")
 

@@ -54,6 +54,10 @@ LEVERS = {
     # trains directly; the feature loss keeps the features the head feeds itself at deeper levels.
     "token-weight-0.5": ("--token-loss-weight", "0.5"),
     "token-weight-1": ("--token-loss-weight", "1"),
+    # Continued training: five more epochs of the recipe from the shipped 16k head, ten in all at half
+    # epochs-10's cost. Meant for the all point (--lever-point 15970), the split that head was trained
+    # on (--eval-first 128 held out); at another point its held-out figures would not be held out.
+    "from-16k": ("--init-from", "smollm2-135m-instruct-16k"),
 }
 # EAGLE-3 (training-time test of 7 steps): the ablation's recipe (docs/training.md), the same 5 epochs.
 EAGLE3_RECIPE = ("--head", "eagle3", "--epochs", "5", "--lr", "1e-3", "--grad-accum", "4", "--warmup", "20",

@@ -47,6 +47,8 @@ from ..draft import vocab
 from ..draft.contract import CONFIG, WEIGHTS
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
+from ..draft.heads import load_head
+from ..draft.shipped import named_head_dir, shipped_names
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 from ..pause import PAUSE_FILE, idle, wait_if_paused
@@ -210,6 +212,8 @@ class Trainer:
             self._init_from_target()
             self.head.to(self.device, self.param_dtype)
             self.lm_head = self._sliced_lm_head(self.head.target_ids())
+        if config.init_from is not None:
+            self._init_from_head(config.init_from)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -229,6 +233,29 @@ class Trainer:
         norm = getattr(self.target.decoder, "norm", None)
         if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape == self.head.norm.weight.shape:
             self.head.norm.weight.copy_(norm.weight.to(self.head.norm.weight))
+
+    @torch.no_grad()
+    def _init_from_head(self, source: str) -> None:
+        """--init-from: the head starts from another head's weights (continued training). It must
+        be the head this run builds, tensor for tensor; an EAGLE-3 head keeps its own draft
+        vocabulary (its token loss is then scored over that vocabulary)."""
+        directory = named_head_dir(source) or Path(source).expanduser()
+        if not (directory / "config.json").is_file():
+            raise EagleError(f"--init-from {source}: no head folder there, nor a shipped head of that name "
+                             f"({', '.join(shipped_names()) or 'none shipped'}); give a folder written by eaglespec train")
+        loaded = load_head(directory, self.target.config)
+        if loaded.kind != self.config.head:
+            raise EagleError(f"--init-from {source}: an {loaded.kind} head, and this run trains --head {self.config.head}; "
+                             f"pass --head {loaded.kind} or another head")
+        ours, theirs = self.head.state_dict(), loaded.state_dict()
+        differ = sorted(k for k in set(ours) | set(theirs) if k not in ours or k not in theirs or ours[k].shape != theirs[k].shape)
+        if differ:
+            raise EagleError(f"--init-from {source}: its tensors differ from the head this run builds ({', '.join(differ[:4])}"
+                             f"{' ...' if len(differ) > 4 else ''}): train with the options it was trained with "
+                             "(--fc-bias, --draft-vocab-size, --aux-layers)")
+        self.head.load_state_dict({k: v.to(ours[k].device, ours[k].dtype) for k, v in theirs.items()})
+        if self.config.head == "eagle3":  # its vocabulary came with it
+            self.lm_head = self._sliced_lm_head(self.head.target_ids())
 
     def _sliced_lm_head(self, keep: torch.Tensor | None) -> torch.nn.Module:
         """The target's LM head, or its rows for the target ids `keep` (a draft vocabulary): p (and
