@@ -256,7 +256,7 @@ def test_reduced_draft_vocab_round_trip_and_greedy_equality(tmp_path):
         load_draft_vocab(tmp_path, 16, 256)
 
     head = random_head(target)
-    drafter = Drafter(head, target, parse_tree("eagle1"), d2t)
+    drafter = Drafter(head, target, parse_tree("eagle1"), d2t, context_vocab=False)
     state = drafter.new_state()
     feats = target.forward(torch.tensor([PROMPT]), target.new_cache())[0]
     tree = drafter.draft(state, torch.tensor(PROMPT[1:] + [7]), feats, root=7)
@@ -266,3 +266,65 @@ def test_reduced_draft_vocab_round_trip_and_greedy_equality(tmp_path):
     vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=48, speculative=False, stop_token_ids=set())
     eagle = gen.generate(input_ids=PROMPT, max_new_tokens=48, stop_token_ids=set())
     assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+
+
+def context_drafter(target, head, tree="eagle1", size=16):
+    """A drafter over the `size` lowest ids (a reduced vocabulary PROMPT mostly leaves out)."""
+    from eaglespec.draft.drafter import Drafter
+
+    return Drafter(head, target, parse_tree(tree), torch.arange(size))
+
+
+def test_the_context_vocabulary_scores_the_rows_own_tokens_renormalised():
+    """A reduced draft vocabulary also scores each row's context tokens outside it: q over the
+    union is the softmax of the target LM head's rows for the vocabulary then the context tokens
+    (in order of first appearance), each row with its own."""
+    target = tiny_target("llama")
+    head = random_head(target)
+    drafter = context_drafter(target, head)
+    prompts = [PROMPT, [40, 41, 5, 40, 99]]
+    state = drafter.new_state(2)
+    feats = [target.forward(torch.tensor([p]), target.new_cache())[0] for p in prompts]
+    drafter.draft_rows(state, [torch.tensor(p[1:] + [7]) for p in prompts], feats, [7, 7])
+    extras = [[t for t in dict.fromkeys(p[1:] + [7]) if t >= 16] for p in prompts]
+    assert [c.ids for c in state.context] == extras
+    out = torch.randn(2, 3, target.config.hidden_size, dtype=target.dtype)
+    q, table = drafter._draft_logprobs(state, out)
+    w = target.lm_head.weight
+    for r in range(2):
+        ids = list(range(16)) + extras[r]
+        ref = torch.log_softmax((out[r] @ w[ids].T).float(), dim=-1)
+        assert table[r, : len(ids)].tolist() == ids
+        assert torch.allclose(q[r, :, : len(ids)], ref, atol=1e-6)
+        assert torch.isinf(q[r, :, len(ids):]).all()  # the shorter row's padding is never drafted
+    state.select([1])
+    assert [c.ids for c in state.context] == extras[1:]
+    off = context_drafter(target, head)
+    off.context_vocab = False
+    q0, table0 = off._draft_logprobs(state, out[1:])
+    assert table0 is None and q0.shape[-1] == 16
+
+
+@pytest.mark.parametrize("tree", ["eagle1", "dynamic:3,4,10"])
+def test_context_tokens_are_drafted_and_the_output_stays_vanillas(tree, monkeypatch):
+    """A random head's drafts include context tokens outside the vocabulary, never a token from
+    neither, and the output is vanilla's, greedy and in reproducible sampling."""
+    from eaglespec.draft.drafter import Drafter
+
+    target = tiny_target("llama")
+    head = random_head(target)
+    drafted = []
+    grow = Drafter.draft_rows
+    monkeypatch.setattr(Drafter, "draft_rows", lambda self, *a, **k: [drafted.extend(t.tokens[1:].tolist()) or t
+                                                                        for t in grow(self, *a, **k)])
+    gen = EagleGenerator(target, head, tree, draft_vocab=torch.arange(16))
+    context = set(PROMPT)
+    for kwargs in ({}, {"seed": 3, "temperature": 1.0}):
+        vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=40, speculative=False, stop_token_ids=set(), **kwargs)
+        context |= set(vanilla.token_ids)
+        eagle = gen.generate(input_ids=PROMPT, max_new_tokens=40, stop_token_ids=set(), **kwargs)
+        if kwargs:
+            assert vanilla.token_ids == eagle.token_ids
+        else:
+            assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+    assert any(t >= 16 for t in drafted) and all(t < 16 or t in context for t in drafted)

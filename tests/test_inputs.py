@@ -260,9 +260,10 @@ def test_the_cli_refuses_a_text_file_named_gguf_without_a_traceback(tmp_path):
     assert str(path) in err and "not a GGUF file" in err
 
 
-@pytest.mark.parametrize("flags, size", [([], 8192), (["--draft-vocab", "4096"], 4096), (["--draft-vocab", "0"], None)])
+@pytest.mark.parametrize("flags, size, context", [([], 4096, True), (["--draft-vocab", "8192"], 8192, True),
+                                                  (["--draft-vocab", "0"], None, True), (["--no-draft-context"], 4096, False)])
 @pytest.mark.parametrize("command", ["generate", "bench"])
-def test_draft_vocab_option_reaches_the_generator(monkeypatch, capsys, command, flags, size):
+def test_draft_vocab_option_reaches_the_generator(monkeypatch, capsys, command, flags, size, context):
     seen = {}
 
     def from_pretrained(*args, **kwargs):
@@ -271,4 +272,4 @@ def test_draft_vocab_option_reaches_the_generator(monkeypatch, capsys, command, 
 
     monkeypatch.setattr(EagleGenerator, "from_pretrained", from_pretrained)
     assert "stopped before loading" in _one_line_error(capsys, [command, "--head", "none", *flags])
-    assert seen["draft_vocab_size"] == size
+    assert seen["draft_vocab_size"] == size and seen["context_vocab"] is context

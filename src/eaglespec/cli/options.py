@@ -40,6 +40,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
                    help="an EAGLE-1 head's draft scores the N most frequent tokens of its training data (default "
                         "%(default)s; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
+    p.add_argument("--draft-context", action=argparse.BooleanOptionalAction, default=True,
+                   help="with a reduced --draft-vocab, a sequence's draft also scores the tokens of its own prompt and "
+                        "output that the vocabulary leaves out (default on; outputs do not change)")
     p.add_argument("--retune", action="store_true",
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")
@@ -139,7 +142,8 @@ def load_generator(args, max_batch: int = 1):
                                          max_batch=max_batch, dtype=args.dtype, quantize=args.quantize,
                                          allow_inexact=args.allow_inexact, compile=args.compile,
                                          draft_floor=getattr(args, "draft_floor", None),
-                                         draft_vocab_size=args.draft_vocab or None)  # 0: the whole vocabulary
+                                         draft_vocab_size=args.draft_vocab or None,  # 0: the whole vocabulary
+                                         context_vocab=getattr(args, "draft_context", True))
     print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
     if gen.numerics_note:
         print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)

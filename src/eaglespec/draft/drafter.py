@@ -23,6 +23,14 @@ several sequences drafts its trees whole: the rows share each level's head forwa
 verification width, so cutting one row saves little, and the widths a batch verifies stay the few
 `warm_batches` builds.
 
+With a reduced draft vocabulary (an EAGLE-1 head's most frequent tokens, FR-Spec style), a row's
+draft also scores its own context tokens that the vocabulary leaves out (`context_vocab`, on by
+default): every token of its prompt and of its output so far, as the head absorbs them, with the
+target LM head's rows for them. q is renormalised over the union (the vocabulary's normaliser comes
+back from draft id 0's raw score), so names, numbers and code identifiers copied from the prompt, or
+repeated from the reply, can be drafted although the vocabulary misses them. It costs one small
+product a level (the row's context tokens, tens to a few hundred).
+
 `rerank` (--tree auto's tuned trees): one sequence alone grows a static tree of N nodes and depth
 D as EAGLE-2 does, dynamic:k,D,N (each level expands the k nodes with the best path scores, and the
 N best of all are verified), so that each step's nodes follow the draft's confidence rather than
@@ -32,7 +40,7 @@ the ranks' average acceptance; a batch of several drafts the static shape.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -54,18 +62,48 @@ class DraftTree:
     levels: int | None = None  # head levels drafted for it (a floor may stop early); None: not said
 
 
+class _Context:
+    """One row's context tokens outside the draft vocabulary (target ids, in order of first
+    appearance), and the target LM head's rows for them, headed by draft id 0's row (whose raw
+    score gives back the draft vocabulary's normaliser), built when the set grows."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self._seen: set[int] = set()
+        self._built: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+
+    def add(self, tokens: list[int], in_main: list[bool]) -> None:
+        for t in tokens:
+            if not in_main[t] and t not in self._seen:
+                self._seen.add(t)
+                self.ids.append(t)
+
+    def rows(self, lm, full_w: torch.Tensor, full_b: torch.Tensor | None):
+        """-> (ids [X], weight [1 + X, H], bias [1 + X] or None) for the ids so far."""
+        if self._built is None or self._built[0] != len(self.ids):
+            ids = torch.tensor(self.ids, dtype=torch.long, device=full_w.device)
+            w = torch.cat([lm.weight[:1], full_w[ids]])
+            b = None if full_b is None else torch.cat([lm.bias[:1], full_b[ids]])
+            self._built = (len(self.ids), ids, w, b)
+        return self._built[1:]
+
+
 @dataclass
 class DraftState:
     """The head's state for the rows of a batch (one row per sequence), owned by the generator:
-    its KV cache over the real (token, hidden) pairs each row has seen."""
+    its KV cache over the real (token, hidden) pairs each row has seen, and each row's context
+    tokens outside the draft vocabulary (Drafter.context_vocab)."""
 
     rows: RowCache
+    context: list[_Context] = field(default_factory=list)
 
     def select(self, rows: list[int]) -> None:
         self.rows.select(rows)
+        self.context = [self.context[r] for r in rows]
 
     def extend(self, other: "DraftState") -> None:
         self.rows.extend(other.rows)
+        self.context += other.context
 
 
 class _Growth:
@@ -127,12 +165,14 @@ class EagerHeadSteps:
 
 class Drafter:
     def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0,
-                 rerank: int = 0):
+                 rerank: int = 0, context_vocab: bool = True):
         """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
         target token ids an EAGLE-1 draft may propose (a reduced vocabulary, FR-Spec style), or None
         for the full vocabulary; an EAGLE-3 head brings its own. floor: the confidence floor of a
         lone sequence's tree (module docstring; 0 = the whole tree every step). rerank: k > 0 grows
-        a static tree for a lone sequence as dynamic:k,D,N of its depth D and N draft nodes."""
+        a static tree for a lone sequence as dynamic:k,D,N of its depth D and N draft nodes.
+        context_vocab: with a reduced draft vocabulary, a row's draft also scores the tokens of its
+        own context (prompt and output so far) that the vocabulary leaves out (module docstring)."""
         if not 0.0 <= floor < 1.0:
             raise ValueError(f"the draft floor is a probability in [0, 1), got {floor}")
         if rerank < 0:
@@ -144,6 +184,12 @@ class Drafter:
         self.tree = tree
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
         self.lm = head.draft_lm(target, draft_vocab)
+        self.context_vocab = bool(context_vocab and self.lm.target_ids is not None and not head.own_vocabulary)
+        if self.context_vocab:
+            in_main = torch.zeros(target.vocab_size, dtype=torch.bool)
+            in_main[self.lm.target_ids.cpu()] = True
+            self._in_main = in_main.tolist()
+            self._full = (target.lm_head.weight, target.lm_head.bias)
         self.dtype = next(head.parameters()).dtype
         self.steps = target.steps.head_steps(head)  # the head's forward: eager or compiled, as the target's
         if isinstance(tree, StaticTree):
@@ -165,25 +211,55 @@ class Drafter:
     def new_state(self, rows: int = 1, slots: int = 0) -> DraftState:
         """slots: the most pairs and tree nodes a row will hold (a compiled head sizes its cache
         for them at once; 0: the smallest size, grown as needed)."""
-        return DraftState(self.steps.new_rows(rows, slots))
+        return DraftState(self.steps.new_rows(rows, slots), [_Context() for _ in range(rows)])
 
     # -- head pieces ---------------------------------------------------------------------------
-    def _draft_logprobs(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, E, H] head outputs -> [B, E, Vd] draft log-probabilities q (over the draft vocabulary),
-        on the head's backend (compiled: one graph per shape bucket)."""
-        return self.steps.logprobs(self.lm, out)
+    def _draft_logprobs(self, state: DraftState, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, E, H] head outputs -> ([B, E, V'] draft log-probabilities q, [B, V'] the target id of
+        each draft id, or None: the draft vocabulary's own map). q is over the draft vocabulary (on
+        the head's backend; compiled: one graph per shape bucket), and with context_vocab over it
+        and each row's context tokens outside it (padded per row with q = -inf), renormalised over
+        the two: the vocabulary's normaliser comes back from draft id 0's raw score, computed here
+        beside the context rows'."""
+        q = self.steps.logprobs(self.lm, out)
+        if not self.context_vocab or not any(c.ids for c in state.context):
+            return q, None
+        b, vd = q.shape[0], q.shape[-1]
+        rows = [c.rows(self.lm, *self._full) for c in state.context]
+        x = max(len(ids) for ids, _, _ in rows)
+        weight = out.new_zeros(b, 1 + x, out.shape[-1], dtype=self.lm.weight.dtype)
+        table = self.lm.target_ids.to(q.device).repeat(b, 1)
+        extra = torch.zeros(b, x, dtype=torch.long, device=q.device)
+        real = torch.zeros(b, 1, 1 + x, dtype=torch.bool, device=q.device)
+        bias = None if self._full[1] is None else torch.zeros(b, 1, 1 + x, dtype=weight.dtype, device=q.device)
+        for r, (ids, w, bb) in enumerate(rows):
+            weight[r, : 1 + len(ids)] = w
+            extra[r, : len(ids)] = ids
+            real[r, 0, : 1 + len(ids)] = True
+            if bias is not None:
+                bias[r, 0, : 1 + len(ids)] = bb
+        raw = torch.matmul(out.to(weight.dtype), weight.transpose(1, 2))  # [B, E, 1 + X]
+        raw = (raw if bias is None else raw + bias).float().masked_fill(~real, -math.inf)
+        lse_main = raw[..., :1] - q[..., :1]  # draft id 0: raw score minus its log q
+        lse = torch.logaddexp(lse_main, torch.logsumexp(raw[..., 1:], dim=-1, keepdim=True))
+        return torch.cat([q + (lse_main - lse), raw[..., 1:] - lse], dim=-1), torch.cat([table, extra], dim=1)
 
-    def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm.to_target_ids(ids)
+    def _to_target_ids(self, ids: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
+        """Draft ids [B, ...] -> target ids, through the rows' table (or the vocabulary's map)."""
+        if table is None:
+            return self.lm.to_target_ids(ids)
+        return torch.gather(table, 1, ids.reshape(ids.shape[0], -1)).view(ids.shape)
 
-    def _ranked(self, logp: torch.Tensor, noise: list[DraftNoise | None] | None, depth: int) -> torch.Tensor:
-        """[B, E, Vd] draft log-probabilities of the depth-`depth` nodes -> what their children are
+    def _ranked(self, logp: torch.Tensor, noise: list[DraftNoise | None] | None, depth: int,
+                table: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, E, V'] draft log-probabilities of the depth-`depth` nodes -> what their children are
         ranked and scored by: q itself, or for a row with noise q perturbed at its position."""
         if noise is None or all(n is None for n in noise):
             return logp
-        ids = self._to_target_ids(torch.arange(logp.shape[-1], device=logp.device))  # [Vd] target ids
-        return torch.stack([lp if n is None else perturbed_logprobs(lp, n, depth, ids).to(lp.dtype)
-                            for lp, n in zip(logp, noise)])
+        every = torch.arange(logp.shape[-1], device=logp.device)
+        ids = self._to_target_ids(every.expand(logp.shape[0], -1), table)  # [B, V'] target ids
+        return torch.stack([lp if n is None else perturbed_logprobs(lp, n, depth, row_ids).to(lp.dtype)
+                            for lp, n, row_ids in zip(logp, noise, ids)])
 
     def _head(self, state: DraftState, base: int, tokens: torch.Tensor, hidden: torch.Tensor, block: torch.Tensor,
               positions: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
@@ -255,6 +331,9 @@ class Drafter:
         positions = torch.tensor([[n + i for i in range(p)] for n in state.rows.lens.tolist()], device=device)
         out = self._head(state, base, tokens, hidden, block, positions, pad_to=self.absorb_width)
         state.rows.keep_paths(base, [torch.arange(c) for c in counts])
+        if self.context_vocab:
+            for c, t in zip(state.context, new_tokens):
+                c.add(t.tolist(), self._in_main)
         return out
 
     def _expand(self, state: DraftState, growths: list[_Growth], nodes: list[list[int]], base: int) -> None:
@@ -282,11 +361,12 @@ class Drafter:
                 if all(g.conf[n] < floor for g in growths for n in expand):
                     return d  # no row would verify this level's children: it is not drafted
                 self._expand(state, growths, [expand] * len(growths), base)
-            q = self._draft_logprobs(torch.stack([g.out[n] for g in growths for n in expand]).view(len(growths), len(expand), -1))
-            logp = self._ranked(q, noise, d)
+            q, table = self._draft_logprobs(state, torch.stack([g.out[n] for g in growths for n in expand])
+                                            .view(len(growths), len(expand), -1))
+            logp = self._ranked(q, noise, d, table)
             top_lp, top_ids = logp.topk(self._k, dim=-1)  # [B, E, k]
             top_q = top_lp if logp is q else q.gather(-1, top_ids)
-            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids).tolist()
+            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids, table).tolist()
             row = {n: i for i, n in enumerate(expand)}
             for g, lp, lq, ids in zip(growths, top_lp, top_q, top_ids):
                 for child, par, rank in children:
@@ -326,12 +406,12 @@ class Drafter:
                 if all(g.conf[n] < floor for g, f in zip(growths, frontiers) for n in f):
                     break  # no frontier node reaches the floor: this level is not drafted
                 self._expand(state, growths, frontiers, base)
-            q = self._draft_logprobs(torch.stack([g.out[n] for g, f in zip(growths, frontiers) for n in f])
-                                     .view(len(growths), len(frontiers[0]), -1))
-            logp = self._ranked(q, noise, d)
+            q, table = self._draft_logprobs(state, torch.stack([g.out[n] for g, f in zip(growths, frontiers) for n in f])
+                                            .view(len(growths), len(frontiers[0]), -1))
+            logp = self._ranked(q, noise, d, table)
             top_lp, top_ids = logp.topk(k, dim=-1)  # [B, F, k]
             top_q = top_lp if logp is q else q.gather(-1, top_ids)
-            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids).tolist()
+            top_lp, top_q, top_ids = top_lp.tolist(), top_q.tolist(), self._to_target_ids(top_ids, table).tolist()
             for r, (g, frontier) in enumerate(zip(growths, frontiers)):
                 created = [g.add(top_ids[r][i][j], par, g.scores[par] + top_lp[r][i][j], top_q[r][i][j])
                            for i, par in enumerate(frontier) for j in range(k)]

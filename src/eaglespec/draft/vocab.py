@@ -23,7 +23,7 @@ from ..files import atomic_path
 FILE = "draft_vocab.safetensors"
 EXPORTED_DIR = "eaglespec"  # where an exported head keeps it (interop/formats.py)
 TOKEN_IDS = "token_ids"
-DEFAULT_SIZE = 8192
+DEFAULT_SIZE = 4096  # with the context tokens (drafter.Drafter.context_vocab): docs/benchmarks.md, session 41
 
 
 def count_tokens(sequences: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:

@@ -105,6 +105,7 @@ class EagleGenerator:
         self.compile_note = ""  # which decoding step runs (compiled or eager) and why
         self.adaptive = True  # with a tuned tree: tuning.AdaptiveTree moves between sizes while decoding
         self.rerank = True  # with a tuned tree: a lone sequence grows each size EAGLE-2 style (tuning.rerank_top_k)
+        self.context_vocab = True  # a reduced draft vocabulary also scores each row's own context tokens (Drafter)
         self.draft_floor: float | None = None  # a lone sequence's confidence floor; None: the tuned one for auto
         self._whole = False  # inside `whole_trees`: no confidence floor (every level drafted)
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
@@ -118,7 +119,7 @@ class EagleGenerator:
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
                         max_batch: int = 1, quantize: str | None = None,
                         allow_inexact: bool = False, compile: str | None = None,
-                        draft_floor: float | None = None) -> "EagleGenerator":
+                        draft_floor: float | None = None, context_vocab: bool = True) -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
@@ -215,6 +216,7 @@ class EagleGenerator:
                           head_dir=head_dir)
                 gen.inexact_trees = allow_inexact
                 gen.draft_floor = draft_floor
+                gen.context_vocab = context_vocab
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             if model is not None and tree == "auto":
                 limit = None if allow_inexact or numerics is None else numerics.tree_limit()
@@ -382,7 +384,7 @@ class EagleGenerator:
         floor, rerank = self.floor_for(tree), self.rerank_for(tree)
         key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor, rerank)
         if key not in self._drafters:
-            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank)
+            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank, self.context_vocab)
         return self._drafters[key]
 
     def rerank_for(self, tree) -> int:

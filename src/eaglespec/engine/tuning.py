@@ -181,7 +181,8 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
         rows.crop(context)
 
     def drafting(tree: StaticTree):  # one sequence grows it EAGLE-2 style, as it will decode
-        drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1, tree.depth) if batch == 1 else 0)
+        drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1, tree.depth) if batch == 1 else 0,
+                          context_vocab=gen.context_vocab)
         state = drafter.new_state(batch)
         # the head's cache: context - 2 pairs per row
         drafter.draft_rows(state, [prompt[0, 1:-1]] * batch, [features[:-2]] * batch, [int(prompt[0, -2])] * batch)
@@ -242,6 +243,8 @@ def _head_architecture(gen) -> str:
     for name, param in sorted(gen.head.state_dict().items()):
         h.update(f"{name}:{tuple(param.shape)};".encode())
     h.update(f"draft_vocab:{None if gen.draft_vocab is None else gen.draft_vocab.numel()}".encode())
+    if gen.draft_vocab is not None and getattr(gen, "context_vocab", False) and not gen.head.own_vocabulary:
+        h.update(b"context")  # the context tokens' rows: a little more work a level
     return f"{gen.head.kind}-{h.hexdigest()[:16]}"
 
 
