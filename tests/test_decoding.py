@@ -299,6 +299,9 @@ def test_the_context_vocabulary_scores_the_rows_own_tokens_renormalised():
         assert torch.isinf(q[r, :, len(ids):]).all()  # the shorter row's padding is never drafted
     state.select([1])
     assert [c.ids for c in state.context] == extras[1:]
+    q1, table1 = drafter._draft_logprobs(state, out[1:])  # a lone row: its own rows, no padding
+    ids = list(range(16)) + extras[1]
+    assert table1[0].tolist() == ids and torch.allclose(q1[0], q[1, :, : len(ids)], atol=1e-6)
     off = context_drafter(target, head)
     off.context_vocab = False
     q0, table0 = off._draft_logprobs(state, out[1:])

@@ -79,12 +79,13 @@ class _Context:
                 self.ids.append(t)
 
     def rows(self, lm, full_w: torch.Tensor, full_b: torch.Tensor | None):
-        """-> (ids [X], weight [1 + X, H], bias [1 + X] or None) for the ids so far."""
+        """-> (ids [X], weight [1 + X, H], bias [1 + X] or None, table [Vd + X]: the target id of
+        every draft id) for the ids so far."""
         if self._built is None or self._built[0] != len(self.ids):
             ids = torch.tensor(self.ids, dtype=torch.long, device=full_w.device)
             w = torch.cat([lm.weight[:1], full_w[ids]])
             b = None if full_b is None else torch.cat([lm.bias[:1], full_b[ids]])
-            self._built = (len(self.ids), ids, w, b)
+            self._built = (len(self.ids), ids, w, b, torch.cat([lm.target_ids.to(ids.device), ids]))
         return self._built[1:]
 
 
@@ -224,25 +225,30 @@ class Drafter:
         q = self.steps.logprobs(self.lm, out)
         if not self.context_vocab or not any(c.ids for c in state.context):
             return q, None
-        b, vd = q.shape[0], q.shape[-1]
+        b = q.shape[0]
         rows = [c.rows(self.lm, *self._full) for c in state.context]
-        x = max(len(ids) for ids, _, _ in rows)
-        weight = out.new_zeros(b, 1 + x, out.shape[-1], dtype=self.lm.weight.dtype)
-        table = self.lm.target_ids.to(q.device).repeat(b, 1)
-        extra = torch.zeros(b, x, dtype=torch.long, device=q.device)
-        real = torch.zeros(b, 1, 1 + x, dtype=torch.bool, device=q.device)
-        bias = None if self._full[1] is None else torch.zeros(b, 1, 1 + x, dtype=weight.dtype, device=q.device)
-        for r, (ids, w, bb) in enumerate(rows):
-            weight[r, : 1 + len(ids)] = w
-            extra[r, : len(ids)] = ids
-            real[r, 0, : 1 + len(ids)] = True
-            if bias is not None:
-                bias[r, 0, : 1 + len(ids)] = bb
-        raw = torch.matmul(out.to(weight.dtype), weight.transpose(1, 2))  # [B, E, 1 + X]
-        raw = (raw if bias is None else raw + bias).float().masked_fill(~real, -math.inf)
+        if b == 1:  # a lone sequence (the common case): its own rows, no padding
+            _, weight, bias, table = rows[0]
+            raw = torch.matmul(out.to(weight.dtype), weight.T)  # [1, E, 1 + X]
+            raw = (raw if bias is None else raw + bias).float()
+            table = table[None]
+        else:
+            x = max(len(r[0]) for r in rows)
+            weight = out.new_zeros(b, 1 + x, out.shape[-1], dtype=self.lm.weight.dtype)
+            table = torch.zeros(b, q.shape[-1] + x, dtype=torch.long, device=q.device)
+            real = torch.zeros(b, 1, 1 + x, dtype=torch.bool, device=q.device)
+            bias = None if self._full[1] is None else torch.zeros(b, 1, 1 + x, dtype=weight.dtype, device=q.device)
+            for r, (ids, w, bb, t) in enumerate(rows):
+                weight[r, : 1 + len(ids)] = w
+                table[r, : t.numel()] = t
+                real[r, 0, : 1 + len(ids)] = True
+                if bias is not None:
+                    bias[r, 0, : 1 + len(ids)] = bb
+            raw = torch.matmul(out.to(weight.dtype), weight.transpose(1, 2))  # [B, E, 1 + X]
+            raw = (raw if bias is None else raw + bias).float().masked_fill(~real, -math.inf)
         lse_main = raw[..., :1] - q[..., :1]  # draft id 0: raw score minus its log q
         lse = torch.logaddexp(lse_main, torch.logsumexp(raw[..., 1:], dim=-1, keepdim=True))
-        return torch.cat([q + (lse_main - lse), raw[..., 1:] - lse], dim=-1), torch.cat([table, extra], dim=1)
+        return torch.cat([q + (lse_main - lse), raw[..., 1:] - lse], dim=-1), table
 
     def _to_target_ids(self, ids: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
         """Draft ids [B, ...] -> target ids, through the rows' table (or the vocabulary's map)."""
