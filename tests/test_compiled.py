@@ -771,7 +771,8 @@ def test_compiled_draft_scores_are_the_eager_ones_at_every_shape(kind):
     drafter = Drafter(head, target, parse_tree("chain:2"), None if kind == "eagle3" else vocab)
     for b, e in ((1, 1), (3, 5), (2, 17)):
         x = torch.randn(b, e, target.hidden_size, generator=torch.Generator().manual_seed(b * 100 + e), dtype=target.dtype)
-        got, want = drafter._draft_logprobs(x), drafter.lm.logprobs(x)
+        (got, table), want = drafter._draft_logprobs(drafter.new_state(b), x), drafter.lm.logprobs(x)
+        assert table is None  # no context tokens yet: the vocabulary's own map
         assert got.shape == want.shape == (b, e, drafter.lm.weight.shape[0])
         assert (got - want).abs().max() <= 1e-5, (b, e)  # log q is float32 on both paths
     tags = {k[3] for k in target.steps._runners if k[2] == 0}

@@ -232,20 +232,14 @@ class Drafter:
             raw = torch.matmul(out.to(weight.dtype), weight.T)  # [1, E, 1 + X]
             raw = (raw if bias is None else raw + bias).float()
             table = table[None]
-        else:
+        else:  # each row's own product (no copy of the rows), its scores padded with -inf
             x = max(len(r[0]) for r in rows)
-            weight = out.new_zeros(b, 1 + x, out.shape[-1], dtype=self.lm.weight.dtype)
+            raw = torch.full((b, q.shape[1], 1 + x), -math.inf, dtype=torch.float32, device=q.device)
             table = torch.zeros(b, q.shape[-1] + x, dtype=torch.long, device=q.device)
-            real = torch.zeros(b, 1, 1 + x, dtype=torch.bool, device=q.device)
-            bias = None if self._full[1] is None else torch.zeros(b, 1, 1 + x, dtype=weight.dtype, device=q.device)
             for r, (ids, w, bb, t) in enumerate(rows):
-                weight[r, : 1 + len(ids)] = w
+                scores = out[r].to(w.dtype) @ w.T
+                raw[r, :, : 1 + len(ids)] = scores if bb is None else scores + bb
                 table[r, : t.numel()] = t
-                real[r, 0, : 1 + len(ids)] = True
-                if bias is not None:
-                    bias[r, 0, : 1 + len(ids)] = bb
-            raw = torch.matmul(out.to(weight.dtype), weight.transpose(1, 2))  # [B, E, 1 + X]
-            raw = (raw if bias is None else raw + bias).float().masked_fill(~real, -math.inf)
         lse_main = raw[..., :1] - q[..., :1]  # draft id 0: raw score minus its log q
         lse = torch.logaddexp(lse_main, torch.logsumexp(raw[..., 1:], dim=-1, keepdim=True))
         return torch.cat([q + (lse_main - lse), raw[..., 1:] - lse], dim=-1), table
