@@ -297,6 +297,14 @@ def test_the_context_vocabulary_scores_the_rows_own_tokens_renormalised():
         assert table[r, : len(ids)].tolist() == ids
         assert torch.allclose(q[r, :, : len(ids)], ref, atol=1e-6)
         assert torch.isinf(q[r, :, len(ids):]).all()  # the shorter row's padding is never drafted
+    from eaglespec.core.noise import DraftNoise, perturbed_logprobs
+
+    noise = [DraftNoise(5, 40, 1.0), DraftNoise(6, 12, 0.7)]  # each row ranks with the noise of its own target ids
+    ranked = drafter._ranked(q, noise, 1, table)
+    for r in range(2):
+        n = 16 + len(extras[r])
+        want = perturbed_logprobs(q[r, :, :n], noise[r], 1, table[r, :n])
+        assert torch.allclose(ranked[r, :, :n], want.to(ranked.dtype), atol=1e-6)
     state.select([1])
     assert [c.ids for c in state.context] == extras[1:]
     q1, table1 = drafter._draft_logprobs(state, out[1:])  # a lone row: its own rows, no padding

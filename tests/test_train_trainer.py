@@ -385,3 +385,9 @@ def test_init_from_continues_a_trained_head_and_refuses_another(target, dataset,
         Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "nowhere")), tmp_path / "x", progress=False)
     with pytest.raises(EagleError, match="its tensors differ from the head this run builds \\(fc.bias\\)"):
         Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "first"), fc_bias=False), tmp_path / "y", progress=False)
+    config_path = tmp_path / "first" / "config.json"
+    cfg = json.loads(config_path.read_text())
+    cfg["eaglespec"]["target"]["fingerprint"] = "v2-another"
+    config_path.write_text(json.dumps(cfg))
+    with pytest.raises(EagleError, match="trained for another target \\(fingerprint v2-another"):
+        Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "first")), tmp_path / "z", progress=False)

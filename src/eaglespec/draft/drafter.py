@@ -25,8 +25,8 @@ verification width, so cutting one row saves little, and the widths a batch veri
 
 With a reduced draft vocabulary (an EAGLE-1 head's most frequent tokens, FR-Spec style), a row's
 draft also scores its own context tokens that the vocabulary leaves out (`context_vocab`, on by
-default): every token of its prompt and of its output so far, as the head absorbs them, with the
-target LM head's rows for them. q is renormalised over the union (the vocabulary's normaliser comes
+default): the tokens of its prompt (after the first) and of its output so far, as the head absorbs
+them (at most CONTEXT_MAX), with the target LM head's rows for them. q is renormalised over the union (the vocabulary's normaliser comes
 back from draft id 0's raw score), so names, numbers and code identifiers copied from the prompt, or
 repeated from the reply, can be drafted although the vocabulary misses them. It costs one small
 product a level (the row's context tokens, tens to a few hundred).
@@ -62,10 +62,14 @@ class DraftTree:
     levels: int | None = None  # head levels drafted for it (a floor may stop early); None: not said
 
 
+CONTEXT_MAX = 1024  # context tokens a row's draft scores beyond its vocabulary (the first ones seen): a long
+                   # prompt's would otherwise grow each level's product and the rows rebuilt as it grows
+
+
 class _Context:
     """One row's context tokens outside the draft vocabulary (target ids, in order of first
-    appearance), and the target LM head's rows for them, headed by draft id 0's row (whose raw
-    score gives back the draft vocabulary's normaliser), built when the set grows."""
+    appearance, at most CONTEXT_MAX), and the target LM head's rows for them, headed by draft id
+    0's row (whose raw score gives back the draft vocabulary's normaliser), built when the set grows."""
 
     def __init__(self):
         self.ids: list[int] = []
@@ -74,6 +78,8 @@ class _Context:
 
     def add(self, tokens: list[int], in_main: list[bool]) -> None:
         for t in tokens:
+            if len(self.ids) >= CONTEXT_MAX:
+                return
             if not in_main[t] and t not in self._seen:
                 self._seen.add(t)
                 self.ids.append(t)
@@ -227,18 +233,18 @@ class Drafter:
             return q, None
         b = q.shape[0]
         rows = [c.rows(self.lm, *self._full) for c in state.context]
+        assert len(rows) == b, "a draft state holds one context per row"
+        linear = torch.nn.functional.linear  # as draft_logprobs scores: draft id 0's raw score is its logit
         if b == 1:  # a lone sequence (the common case): its own rows, no padding
             _, weight, bias, table = rows[0]
-            raw = torch.matmul(out.to(weight.dtype), weight.T)  # [1, E, 1 + X]
-            raw = (raw if bias is None else raw + bias).float()
+            raw = linear(out.to(weight.dtype), weight, bias).float()  # [1, E, 1 + X]
             table = table[None]
         else:  # each row's own product (no copy of the rows), its scores padded with -inf
             x = max(len(r[0]) for r in rows)
             raw = torch.full((b, q.shape[1], 1 + x), -math.inf, dtype=torch.float32, device=q.device)
             table = torch.zeros(b, q.shape[-1] + x, dtype=torch.long, device=q.device)
             for r, (ids, w, bb, t) in enumerate(rows):
-                scores = out[r].to(w.dtype) @ w.T
-                raw[r, :, : 1 + len(ids)] = scores if bb is None else scores + bb
+                raw[r, :, : 1 + len(ids)] = linear(out[r].to(w.dtype), w, bb)
                 table[r, : t.numel()] = t
         lse_main = raw[..., :1] - q[..., :1]  # draft id 0: raw score minus its log q
         lse = torch.logaddexp(lse_main, torch.logsumexp(raw[..., 1:], dim=-1, keepdim=True))

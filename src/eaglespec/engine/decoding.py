@@ -382,7 +382,7 @@ class EagleGenerator:
         if self.head is None:
             return None
         floor, rerank = self.floor_for(tree), self.rerank_for(tree)
-        key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor, rerank)
+        key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor, rerank, self.context_vocab)
         if key not in self._drafters:
             self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank, self.context_vocab)
         return self._drafters[key]

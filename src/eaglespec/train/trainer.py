@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..draft import vocab
-from ..draft.contract import CONFIG, WEIGHTS
+from ..draft.contract import CONFIG, WEIGHTS, read_extra
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
 from ..draft.heads import load_head
@@ -244,9 +244,17 @@ class Trainer:
             raise EagleError(f"--init-from {source}: no head folder there, nor a shipped head of that name "
                              f"({', '.join(shipped_names()) or 'none shipped'}); give a folder written by eaglespec train")
         loaded = load_head(directory, self.target.config)
+        recorded = read_extra(directory).get("target", {}).get("fingerprint")
+        if recorded is not None and recorded != self.target.fingerprint():
+            raise EagleError(f"--init-from {source}: it was trained for another target (fingerprint {recorded}, this one "
+                             f"{self.target.fingerprint()}); continue a head of this target's")
         if loaded.kind != self.config.head:
             raise EagleError(f"--init-from {source}: an {loaded.kind} head, and this run trains --head {self.config.head}; "
                              f"pass --head {loaded.kind} or another head")
+        if loaded.hidden_layers != self.head.hidden_layers:
+            raise EagleError(f"--init-from {source}: it fuses target layers {list(loaded.hidden_layers)}, this run "
+                             f"{list(self.head.hidden_layers)}: train with --aux-layers {','.join(map(str, loaded.hidden_layers))} "
+                             "(a capture holding those layers)")
         ours, theirs = self.head.state_dict(), loaded.state_dict()
         differ = sorted(k for k in set(ours) | set(theirs) if k not in ours or k not in theirs or ours[k].shape != theirs[k].shape)
         if differ:
