@@ -273,3 +273,12 @@ def test_draft_vocab_option_reaches_the_generator(monkeypatch, capsys, command, 
     monkeypatch.setattr(EagleGenerator, "from_pretrained", from_pretrained)
     assert "stopped before loading" in _one_line_error(capsys, [command, "--head", "none", *flags])
     assert seen["draft_vocab_size"] == size and seen["context_vocab"] is context
+
+
+def test_tune_calibrates_with_decodings_draft_vocabulary_and_context_tokens():
+    from eaglespec.cli.commands import build_parser
+    from eaglespec.draft.vocab import DEFAULT_SIZE
+
+    args = build_parser().parse_args(["tune", "--head", "h"])
+    assert args.draft_vocab == DEFAULT_SIZE and args.draft_context is True
+    assert build_parser().parse_args(["tune", "--head", "h", "--no-draft-context"]).draft_context is False

@@ -63,7 +63,7 @@ def chains(gen, prompt: list[int], output: list[int], depth: int):
     target, head = gen.target, gen.head
     text = torch.tensor([prompt + output])
     features = target.forward_states(text, target.new_cache(), layers=head.hidden_layers).hidden[0]
-    drafter = _Recording(head, target, chain_of(depth), gen.draft_vocab)
+    drafter = _Recording(head, target, chain_of(depth), gen.draft_vocab, context_vocab=gen.context_vocab)
     state = drafter.new_state(1, len(prompt) + len(output) + depth + 1)
     p = len(prompt)
     for i in range(len(output) - 1):

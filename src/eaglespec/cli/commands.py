@@ -166,7 +166,8 @@ def cmd_tune(args) -> int:
               f"{float(top[:kept].sum() / top.sum()):.1%} of assistant tokens")
     if ranks_vocab:
         gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device,
-                                             draft_vocab_size=args.draft_vocab or None, compile="off")
+                                             draft_vocab_size=args.draft_vocab or None, compile="off",
+                                             context_vocab=args.draft_context)
     texts = sharegpt_prompts(args.prompts, args.calibration_from)
     if not texts:
         raise EagleError(f"no usable ShareGPT prompt (a first user turn of 20-400 characters) from record "
@@ -191,6 +192,8 @@ def cmd_tune(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eaglespec", description="Lossless EAGLE speculative decoding")
+    from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text with EAGLE and print speed figures")
@@ -213,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the ShareGPT record the calibration prompts start at (default {CALIBRATION_FROM}, past the shipped "
                         "head's training data; 0 for a head trained with --eval-first, whose first records are held out)")
     t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size used while calibrating")
+    t.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
+                   help="draft vocabulary size used while calibrating (default %(default)s, as decoding's)")
+    t.add_argument("--draft-context", action=argparse.BooleanOptionalAction, default=True,
+                   help="calibrate with the sequence's context tokens beside the draft vocabulary, as decoding does by default")
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
     t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
