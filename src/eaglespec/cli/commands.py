@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..errors import EagleError
-from .options import (DEFAULT_PROMPT, add_compile_arg, add_model_args, add_sampling_args, check_counts, check_model_args,
+from .options import (DEFAULT_PROMPT, add_compile_arg, add_draft_vocab_args, add_model_args, add_sampling_args, check_counts, check_model_args,
                       load_generator, sampling_mode)
 
 
@@ -192,8 +192,6 @@ def cmd_tune(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eaglespec", description="Lossless EAGLE speculative decoding")
-    from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
-
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text with EAGLE and print speed figures")
@@ -216,10 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the ShareGPT record the calibration prompts start at (default {CALIBRATION_FROM}, past the shipped "
                         "head's training data; 0 for a head trained with --eval-first, whose first records are held out)")
     t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
-                   help="draft vocabulary size used while calibrating (default %(default)s, as decoding's)")
-    t.add_argument("--draft-context", action=argparse.BooleanOptionalAction, default=True,
-                   help="calibrate with the sequence's context tokens beside the draft vocabulary, as decoding does by default")
+    add_draft_vocab_args(t)  # calibrated as decoding drafts
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
     t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")

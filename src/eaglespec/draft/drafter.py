@@ -170,6 +170,12 @@ class EagerHeadSteps:
         return lm.logprobs(out)
 
 
+def scores_context(head, draft_vocab: torch.Tensor | None, context_vocab: bool) -> bool:
+    """Whether a drafter of `head` over `draft_vocab` scores the context tokens: asked, with a
+    reduced vocabulary cut from the target's (an EAGLE-3 head drafts over its own)."""
+    return bool(context_vocab and draft_vocab is not None and not head.own_vocabulary)
+
+
 class Drafter:
     def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0,
                  rerank: int = 0, context_vocab: bool = True):
@@ -191,7 +197,7 @@ class Drafter:
         self.tree = tree
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
         self.lm = head.draft_lm(target, draft_vocab)
-        self.context_vocab = bool(context_vocab and self.lm.target_ids is not None and not head.own_vocabulary)
+        self.context_vocab = scores_context(head, draft_vocab, context_vocab)
         if self.context_vocab:
             in_main = torch.zeros(target.vocab_size, dtype=torch.bool)
             in_main[self.lm.target_ids.cpu()] = True

@@ -27,6 +27,13 @@ def named_head_dir(name: str) -> Path | None:
     return HEADS_DIR / name if name in shipped_names() else None
 
 
+def head_dir_for(name_or_path: str) -> Path | None:
+    """A head argument -> its folder: the directory itself when there is one, else the shipped head
+    of that name, else None."""
+    path = Path(name_or_path).expanduser()
+    return path if path.is_dir() else named_head_dir(name_or_path)
+
+
 def default_head_dir(target) -> Path | None:
     """The shipped head trained for this exact target (matched by weight fingerprint), if any;
     among several, the one marked default."""

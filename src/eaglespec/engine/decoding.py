@@ -144,7 +144,7 @@ class EagleGenerator:
         if draft_floor is not None and not 0 <= draft_floor < 1:
             raise EagleError(f"draft_floor={draft_floor}: give a probability in [0, 1) (0 drafts the whole tree every step)")
         from ..draft.heads import inspect_head
-        from ..draft.shipped import default_head_dir, named_head_dir
+        from ..draft.shipped import default_head_dir, head_dir_for
         from ..draft.vocab import check_draft_vocab
         from .tuning import AcceptanceStats, use_auto_tree
 
@@ -159,7 +159,7 @@ class EagleGenerator:
         parsed = parse_tree(tree) if isinstance(tree, str) and tree != "auto" else tree
         head_dir = None
         if head not in (None, "default"):
-            head_dir = Path(head) if Path(head).is_dir() else named_head_dir(head) or Path(head)
+            head_dir = head_dir_for(head) or Path(head)
             check_head_dir(head_dir)
         from .numerics import DTYPES, check_dtype_runs, choose_dtype, numerics_for, parse_dtype
         from .quant import quantize_target

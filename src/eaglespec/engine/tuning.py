@@ -25,7 +25,7 @@ import torch
 
 from ..core.config import parse_tree
 from ..core.tree import StaticTree, static_tree
-from ..draft.drafter import Drafter
+from ..draft.drafter import Drafter, scores_context
 from ..errors import EagleError, one_line
 from ..files import CACHE_ENV, atomic_write_bytes, cache_dir
 
@@ -243,7 +243,7 @@ def _head_architecture(gen) -> str:
     for name, param in sorted(gen.head.state_dict().items()):
         h.update(f"{name}:{tuple(param.shape)};".encode())
     h.update(f"draft_vocab:{None if gen.draft_vocab is None else gen.draft_vocab.numel()}".encode())
-    if gen.draft_vocab is not None and getattr(gen, "context_vocab", False) and not gen.head.own_vocabulary:
+    if scores_context(gen.head, gen.draft_vocab, gen.context_vocab):
         h.update(b"context")  # the context tokens' rows: a little more work a level
     return f"{gen.head.kind}-{h.hexdigest()[:16]}"
 

@@ -14,12 +14,10 @@ TARGET_HELP = ("the head's target: HF directory, .gguf file or smollm2. Needed b
 def run_export(args) -> int:
     from pathlib import Path
 
-    from ..draft.shipped import named_head_dir
+    from ..draft.shipped import head_dir_for
     from .formats import export_head
 
-    head_dir = Path(args.head_dir)
-    if not head_dir.is_dir() and named_head_dir(args.head_dir) is not None:
-        head_dir = named_head_dir(args.head_dir)
+    head_dir = head_dir_for(args.head_dir) or Path(args.head_dir)
     files = export_head(head_dir, args.out_dir, args.format, target=args.target, overwrite=args.overwrite)
     print(f"[eaglespec] exported {args.head_dir} as {args.format} to {args.out_dir}: "
           + ", ".join(str(f.relative_to(args.out_dir)) for f in files), file=sys.stderr)

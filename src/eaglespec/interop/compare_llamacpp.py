@@ -116,7 +116,7 @@ def run(args) -> int:
     from ..bench.datasets import load_questions
     from ..bench.harness import run_bench
     from ..bench.methods import BASELINE, build_methods
-    from ..draft.shipped import named_head_dir
+    from ..draft.shipped import head_dir_for
     from ..engine.decoding import EagleGenerator
     from ..engine.target import cpu_identity, default_gguf_path
     from .build_llamacpp import server
@@ -124,7 +124,7 @@ def run(args) -> int:
     binary = server()  # before minutes of loading: is llama.cpp built?
     out = args.out or Path("runs") / f"llamacpp-compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    head_dir = Path(args.head) if Path(args.head).is_dir() else named_head_dir(args.head)
+    head_dir = head_dir_for(args.head)
     if head_dir is None:
         raise EagleError(f"--head {args.head!r} is neither a directory nor a shipped head")
     target = default_gguf_path()

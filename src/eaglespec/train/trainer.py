@@ -48,7 +48,7 @@ from ..draft.contract import CONFIG, WEIGHTS, read_extra
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
 from ..draft.head import EagleHead
 from ..draft.heads import load_head
-from ..draft.shipped import named_head_dir, shipped_names
+from ..draft.shipped import head_dir_for, shipped_names
 from ..errors import EagleError
 from ..files import atomic_path, atomic_write_bytes
 from ..pause import PAUSE_FILE, idle, wait_if_paused
@@ -239,8 +239,8 @@ class Trainer:
         """--init-from: the head starts from another head's weights (continued training). It must
         be the head this run builds, tensor for tensor; an EAGLE-3 head keeps its own draft
         vocabulary (its token loss is then scored over that vocabulary)."""
-        directory = named_head_dir(source) or Path(source).expanduser()
-        if not (directory / "config.json").is_file():
+        directory = head_dir_for(source)
+        if directory is None or not (directory / "config.json").is_file():
             raise EagleError(f"--init-from {source}: no head folder there, nor a shipped head of that name "
                              f"({', '.join(shipped_names()) or 'none shipped'}); give a folder written by eaglespec train")
         loaded = load_head(directory, self.target.config)
