@@ -569,6 +569,10 @@ def test_a_lone_sequence_grows_the_tuned_trees_eagle2_style(tmp_path, monkeypatc
     torch.manual_seed(0)
     gen = EagleGenerator(target, EagleHead(target.config).to(target.dtype), "eagle1", head_dir=tmp_path)
     AcceptanceStats(((0.9, 0.6, 0.3), (0.8, 0.3, 0.2), (0.7, 0.2, 0.1)), steps=1).save(tmp_path)
+    # a cost curve where a bigger tree costs little more (a real one, timed on a busy machine, may
+    # price the bigger trees out, and this test is about how the chosen tree is drafted)
+    monkeypatch.setattr(tuning, "measure_step_costs",
+                        lambda gen, trees, context=256, reps=3, batch=1: (1.0, {n: (0.01, 1.0 + 0.001 * n) for n in trees}, 0.0))
     use_auto_tree(gen)
     tree = gen.tree
     n, static_parents = tree.num_nodes - 1, tree.buffers.parents.tolist()
