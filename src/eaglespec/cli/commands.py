@@ -139,7 +139,7 @@ def cmd_tune(args) -> int:
     from ..draft.vocab import count_tokens, save_draft_vocab
     from ..engine.decoding import EagleGenerator
     from ..engine.target import check_device
-    from ..engine.tuning import SIZES, calibrate, tune
+    from ..engine.tuning import COST_REPS, SIZES, calibrate, tune
     from ..files import cache_dir
     from ..train.config import DataConfig
     from ..train.data import DataSummary, iter_examples
@@ -180,7 +180,7 @@ def cmd_tune(args) -> int:
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
-    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=args.reps, cache=cache_dir(),
+    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=COST_REPS if args.reps is None else args.reps, cache=cache_dir(),
                  retune=True)  # what later starts with --tree auto read
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-new-tokens", type=int, default=128)
     add_draft_vocab_args(t)  # calibrated as decoding drafts
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
-    t.add_argument("--reps", type=int, default=7, help="timing repetitions per tree size (the median counts)")
+    t.add_argument("--reps", type=int, default=None, help="paired timing rounds of the cost curve (the median counts; "
+                   "default: --tree auto's own, 15)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
     add_compile_arg(t)
     t.set_defaults(func=cmd_tune, holds_machine=True)

@@ -146,8 +146,12 @@ def rerank_top_k(nodes: int, depth: int) -> int:
     return k
 
 
+COST_REPS = 15  # paired rounds of a cost curve: at 5, six curves in one process put the 4-token verification at
+                # 0.97-1.16x a vanilla step (sd 0.076); at 15, 0.99-1.08x (sd 0.031), ~6 s a curve (session 42)
+
+
 @torch.no_grad()
-def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = 5,
+def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, reps: int = COST_REPS,
                        batch: int = 1) -> tuple[float, dict[int, tuple[float, float]], float]:
     """-> (vanilla step seconds, {N: (draft seconds, verify seconds)}, noise) for `batch` sequences
     of `context` cached tokens each, through the batched step's own code (the target's backend:
@@ -222,9 +226,9 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
 
 # -- the cost curve, cached per machine ---------------------------------------------------------
 RETUNE_ENV = "EAGLESPEC_RETUNE"   # 1: measure the cost curve again, as --retune
-COST_SCHEME = 5                   # bump when what measure_step_costs times changes (3: the draft LM head compiled;
+COST_SCHEME = 6                   # bump when what measure_step_costs times changes (3: the draft LM head compiled;
                                   # 4: costs paired with an adjacent vanilla step; 5: one sequence's
-                                  # drafting grown EAGLE-2 style, rerank_top_k)
+                                  # drafting grown EAGLE-2 style, rerank_top_k); 6: 15 rounds, not 5
 COST_CONTEXT = 256                # tokens in the cache a cost is measured on
 
 
@@ -306,7 +310,7 @@ def _read_costs(path: Path, key: dict, trees: dict[int, StaticTree], batch: int 
     return data, CostCurve(vanilla, costs, source)
 
 
-def step_costs(gen, trees: dict[int, StaticTree], reps: int = 5, cache: Path | None = None,
+def step_costs(gen, trees: dict[int, StaticTree], reps: int = COST_REPS, cache: Path | None = None,
                retune: bool = False, batch: int = 1) -> CostCurve:
     """The cost curve of `trees` on this machine: read from `cache` (a folder; see `cost_key` for
     what the file is keyed by) when it holds these trees and retune is off, else measured
@@ -574,7 +578,7 @@ class AdaptiveTree:
         self._move(best)
 
 
-def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = 5, cache: Path | None = None,
+def tune(gen, stats: AcceptanceStats, sizes=SIZES, reps: int = COST_REPS, cache: Path | None = None,
          retune: bool = False, max_batch: int = 1) -> TunedTree:
     """The tree of `sizes` nodes with the best predicted tokens/s; cache and retune: see `step_costs`.
 
