@@ -180,7 +180,8 @@ def cmd_tune(args) -> int:
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
-    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=COST_REPS if args.reps is None else args.reps, cache=cache_dir(),
+    reps = COST_REPS if args.reps is None else args.reps
+    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(),
                  retune=True)  # what later starts with --tree auto read
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
