@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_vocab_args(t)  # calibrated as decoding drafts
     t.add_argument("--vocab-examples", type=int, default=4000, help="ShareGPT conversations counted for the draft vocabulary")
     t.add_argument("--reps", type=int, default=None, help="paired timing rounds of the cost curve (the median counts; "
-                   "default: --tree auto's own, 15)")
+                   "default: the rounds --tree auto measures with, tuning.COST_REPS)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
     add_compile_arg(t)
     t.set_defaults(func=cmd_tune, holds_machine=True)
