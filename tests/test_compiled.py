@@ -474,9 +474,13 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
     alive.unlink()
     recent.unlink()
     assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(packages)
-    # another target (other weights) gets another folder
+    # another target (other weights) gets another folder, and so does another register block
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
     assert other != folder
+    assert manifest["key"]["register_rows"] == compiled.cpu_register_rows()
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "cpu_register_rows", lambda: 3)
+        assert artefact_dir(target, tmp_path)[0] not in (folder, other)
     # a manifest of another key, then a damaged one: emptied, said so, rebuilt
     (folder / compiled.MANIFEST).write_text(json.dumps({"key": {"scheme": 0}}))
     again, note = artefact_dir(target, tmp_path)
@@ -633,13 +637,13 @@ def _kernels(package) -> str:
 
 
 @needs_cxx
-def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_4_register_rows(tmp_path):
+def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_the_cpus_register_rows(tmp_path):
     """max-autotune on a CPU chooses the GEMMs of a step of up to 8 rows among inductor's C++
     templates only (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not
     oneDNN's linear (which autotuning over cache-hot weights picks, and which streams slower in a
     real step); wider steps and a GPU's keep inductor's own choice. With AVX-512 the micro-GEMMs
-    hold at most 4 rows in registers (inductor's 8-row block ran 8-row products 1.3-2x slower),
-    and the ids stay eager's."""
+    hold at most cpu_register_rows() rows in registers (4 on AMD, 2 on Intel: inductor's 8-row
+    block ran 8-row products 1.3-2x slower), and the ids stay eager's."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     target = tiny_target("llama", dtype=torch.float32)
@@ -655,26 +659,31 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_4_register_rows(t
         assert "micro_gemm" in code and "linear_pointwise" not in code
         if "avx512" in str(pick_vec_isa()).lower():
             blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
-            assert blocks and max(blocks) <= compiled.CPU_REGISTER_ROWS == 4, blocks
+            assert blocks and max(blocks) <= compiled.cpu_register_rows() in (2, 4), blocks
 
 
-def test_the_register_rows_patch_changes_only_fp32_avx512_blocks_and_is_undone():
+@pytest.mark.parametrize("vendor,rows", [("AuthenticAMD", 4), ("GenuineIntel", 2), ("", 4)])
+def test_the_register_rows_patch_changes_only_fp32_avx512_blocks_and_is_undone(monkeypatch, vendor, rows):
     """compiled._register_rows: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
-    most CPU_REGISTER_ROWS rows and every other shape is as it was; afterwards, the table is whole
-    again. No patch for a GPU's builds."""
+    most cpu_register_rows() rows (by the CPU's vendor: 2 on Intel, 4 elsewhere) and every other
+    shape is as it was; afterwards, the table is whole again. No patch for a GPU's builds."""
     import torch._inductor.compile_fx  # noqa: F401
     from torch._inductor.codegen import cpp_micro_gemm as micro
 
+    import eaglespec.engine.target as target_module
+
+    monkeypatch.setattr(target_module, "cpu_vendor", lambda: vendor)
+    assert compiled.cpu_register_rows() == rows
     table = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
     before = list(table)
     assert any(c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32 and c.register_blocking.block_m > 4
                for c in before)  # else the patch has nothing to change in this torch
     with compiled._register_rows("cpu"):
         # inductor's graph cache keys on the block too (a custom pass's uuid is part of its key)
-        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == "eaglespec-register-rows-4"
+        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-register-rows-{rows}"
         for was, now in zip(before, table, strict=True):
             if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
-                assert now.register_blocking == (min(was.register_blocking.block_m, 4), *was.register_blocking[1:])
+                assert now.register_blocking == (min(was.register_blocking.block_m, rows), *was.register_blocking[1:])
             else:
                 assert now == was
     assert table == before and torch._inductor.config.post_grad_custom_post_pass is None
@@ -867,7 +876,7 @@ def test_gqa_attention_is_set_only_while_a_graph_is_traced(monkeypatch):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
-def test_cached_step_measurements_are_keyed_on_the_artefact_scheme(monkeypatch):
+def test_cached_step_measurements_are_keyed_on_the_artefact_scheme_and_register_block(monkeypatch):
     from eaglespec.engine.target import EagerSteps
     from eaglespec.engine.tuning import cost_key
 
@@ -877,7 +886,10 @@ def test_cached_step_measurements_are_keyed_on_the_artefact_scheme(monkeypatch):
     target.steps = CompiledSteps(target, progress=False, autotune=False)
     now = cost_key(gen)
     monkeypatch.setattr(compiled, "ARTEFACT_SCHEME", compiled.ARTEFACT_SCHEME + 1)
-    assert len({eager["steps"], now["steps"], cost_key(gen)["steps"]}) == 3 and eager["steps"] == EagerSteps.kernels
+    scheme = cost_key(gen)
+    monkeypatch.setattr(compiled, "cpu_register_rows", lambda: 3)  # and on the register block
+    assert len({eager["steps"], now["steps"], scheme["steps"], cost_key(gen)["steps"]}) == 4
+    assert eager["steps"] == EagerSteps.kernels
 
 
 def test_compile_list_and_prune_remove_only_folders_no_start_can_load(tmp_path, monkeypatch, capsys):

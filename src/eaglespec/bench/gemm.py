@@ -5,11 +5,11 @@ A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
 with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
 count and register block (`--register-rows`: the most rows a micro-kernel holds, as
-compiled.CPU_REGISTER_ROWS does; `inductor`: inductor's own table; `any`: max-autotune's own pick
+compiled.cpu_register_rows() chooses; `inductor`: inductor's own table; `any`: max-autotune's own pick
 among all its GEMM backends, oneDNN's included, as a step wider than compiled.CPU_TEMPLATE_ROWS
 is built). All are then timed in
 shuffled interleaved rounds in one process (medians), so a machine shared with other work slows
-them alike. It measured the rule behind CPU_REGISTER_ROWS (docs/benchmarks.md). Each package keeps
+them alike. It measured the rule behind compiled.CPU_REGISTER_ROWS (docs/benchmarks.md). Each package keeps
 its weights inside its .so: the defaults hold 8 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
@@ -62,7 +62,7 @@ def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 
     """-> ({(block, rows): median seconds of one pass over every product}, {rows: whether every
     block gave bit for bit the same products as the first}); a block is a number of register rows,
     None (inductor's table) or ANY."""
-    from ..engine.compiled import CPU_GEMM_BACKENDS, CPU_REGISTER_ROWS, _inductor_options, _register_rows
+    from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows, cpu_register_rows
     from .roofline import interleaved_medians
 
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 
                 path = Path(folder) / f"gemm-{block}-{m}.pt2"
                 # no cache: each block's build is its own (its first run, before inductor's graph
                 # cache keyed on the block, was served the first block's code for the second)
-                backends, most = (None, CPU_REGISTER_ROWS) if block == ANY else (CPU_GEMM_BACKENDS, block)
+                backends, most = (None, cpu_register_rows()) if block == ANY else (CPU_GEMM_BACKENDS, block)
                 options = _inductor_options(True, gemm_backends=backends) | {"force_disable_caches": True}
                 with torch._inductor.config.patch(options), _register_rows("cpu", most):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))

@@ -378,11 +378,23 @@ CPU_GEMM_BACKENDS = "CPP"
 # the AVX-512 kind (docs/benchmarks.md, "An 8-token step at 4 register rows"), 120 products of
 # 576 x 1536 weights streamed from memory took 28.7 ms at 8 rows with the 8-row block, 21.4 ms with
 # a 4-row block (11.8 and 11.4 at 1 row; `python -m eaglespec.bench.gemm`); an 8-row panel of
-# weights is then read twice, the second time from L1. Each output's sum runs over k in the same
-# order either way, so the block changes no result (the command compares them bit for bit). AVX2's
-# table (4 rows, and 8 x 8 where N divides by 8 only) is left as it is; the AVX2 and AMX kinds
-# run this rule unmeasured.
-CPU_REGISTER_ROWS = 4  # a change here needs an ARTEFACT_SCHEME bump: a package's key does not hold it
+# weights is then read twice, the second time from L1. On the Intel AMX kind the 4-row block was
+# steep as well and a 2-row block flattest (docs/benchmarks.md, "The Intel AMX kind with the 16k
+# head"): 15.6 / 19.2 / 22.8 ms at 1 / 4 / 8 rows with 2, 15.6 / 24.7 / 31.5 with 4, 15.5 / 20.6 /
+# 24.7 with 1. Each output's sum runs over k in the same order with any block, so the block changes
+# no result (the command compares them bit for bit). AVX2's table (4 rows, and 8 x 8 where N
+# divides by 8 only) is left as it is; the Zen 4 kind runs AMD's rule unmeasured.
+CPU_REGISTER_ROWS = {"GenuineIntel": 2}  # by CPU vendor; the key of a compiled package holds the choice
+CPU_REGISTER_ROWS_ELSE = 4
+
+
+def cpu_register_rows() -> int:
+    """The most rows inductor's fp32 AVX-512 micro-GEMMs hold in registers on this CPU."""
+    from .target import cpu_vendor
+
+    return CPU_REGISTER_ROWS.get(cpu_vendor(), CPU_REGISTER_ROWS_ELSE)
+
+
 _MICRO = threading.RLock()  # one thread patches inductor's table at a time; a nested use only yields
 
 
@@ -418,10 +430,10 @@ def _rows_key(most: int):
 @contextlib.contextmanager
 def _register_rows(device_type: str, most: int | None = ...):
     """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most `most`
-    rows (default CPU_REGISTER_ROWS; a patch of its table of micro-kernel shapes, restored
+    rows (default cpu_register_rows(); a patch of its table of micro-kernel shapes, restored
     afterwards; None, or a torch without that table: its own blocks). VecAMX's own shapes (bf16,
     int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
-    most = CPU_REGISTER_ROWS if most is ... else most
+    most = cpu_register_rows() if most is ... else most
     found = _micro_gemm_table() if device_type == "cpu" and most is not None else None
     if found is None:
         yield
@@ -781,8 +793,10 @@ class CompiledSteps:
 
     @property
     def kernels(self) -> str:
-        """What a cached measurement of this path's steps depends on (the artefacts' scheme)."""
-        return f"{self.name}-{ARTEFACT_SCHEME}"
+        """What a cached measurement of this path's steps depends on (the artefacts' scheme, and on
+        a CPU the register block of their GEMMs)."""
+        rows = f"-r{cpu_register_rows()}" if self.target.device.type == "cpu" else ""
+        return f"{self.name}-{ARTEFACT_SCHEME}{rows}"
 
     def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
@@ -991,14 +1005,16 @@ _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 
 def artefact_key(target) -> dict:
     """What a compiled step depends on, besides the shapes inductor keys on itself: the machine
-    (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype."""
+    (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype,
+    and on a CPU the register block of its fp32 GEMMs (cpu_register_rows)."""
     from .target import cpu_identity
 
     device = target.device
     return {"scheme": ARTEFACT_SCHEME, **cpu_identity(), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": torch.get_num_threads(), **installed_versions(),
-            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch.")}
+            "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
+            "register_rows": cpu_register_rows() if device.type == "cpu" else None}
 
 
 PARTIAL_MAX_AGE_S = 3600  # a half-written package untouched this long, its writer gone, is dead weight

@@ -388,23 +388,29 @@ MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_til
                 "asimd", "sve", "sve2", "bf16", "i8mm")
 
 
+def _cpuinfo(*names: str) -> str:
+    """The first /proc/cpuinfo field of one of these names, or "" (no such file, or field)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if ":" in line and line.split(":", 1)[0].strip() in names), "")
+
+
 def cpu_identity() -> dict:
     """{"cpu": model name, "flags": the MATMUL_FLAGS it has}, from /proc/cpuinfo on Linux (else
     what `platform` knows): what a measured timing depends on besides threads and dtype."""
     import platform
 
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-
-    def field(*names: str) -> str:
-        return next((line.split(":", 1)[1].strip() for line in lines
-                     if ":" in line and line.split(":", 1)[0].strip() in names), "")
-
-    flags = set(field("flags", "Features").split())
-    return {"cpu": field("model name", "Model") or platform.processor() or platform.machine(),
+    flags = set(_cpuinfo("flags", "Features").split())
+    return {"cpu": _cpuinfo("model name", "Model") or platform.processor() or platform.machine(),
             "flags": [f for f in MATMUL_FLAGS if f in flags]}
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), or "" where there is none."""
+    return _cpuinfo("vendor_id")
 
 
 def native_bf16_cpu() -> bool:
