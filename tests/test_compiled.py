@@ -642,7 +642,7 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_the_cpus_register
     templates only (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not
     oneDNN's linear (which autotuning over cache-hot weights picks, and which streams slower in a
     real step); wider steps and a GPU's keep inductor's own choice. With AVX-512 the micro-GEMMs
-    hold at most cpu_register_rows() rows in registers (4 on AMD, 2 on Intel: inductor's 8-row
+    hold at most cpu_register_rows() rows in registers (2 on Intel, 4 elsewhere: inductor's 8-row
     block ran 8-row products 1.3-2x slower), and the ids stay eager's."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -660,6 +660,17 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_the_cpus_register
         if "avx512" in str(pick_vec_isa()).lower():
             blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
             assert blocks and max(blocks) <= compiled.cpu_register_rows() in (2, 4), blocks
+
+
+def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
+    import eaglespec.engine.target as target_module
+
+    monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: (
+        "processor\t: 0", "vendor_id\t: GenuineIntel", "model name\t: Some Xeon", "flags\t\t: fpu avx2 amx_bf16"))
+    assert target_module.cpu_vendor() == "GenuineIntel" and compiled.cpu_register_rows() == 2
+    assert target_module.cpu_identity() == {"cpu": "Some Xeon", "flags": ["avx2", "amx_bf16"]}
+    monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: ())  # not Linux: no vendor, the default block
+    assert target_module.cpu_vendor() == "" and compiled.cpu_register_rows() == compiled.CPU_REGISTER_ROWS_DEFAULT
 
 
 @pytest.mark.parametrize("vendor,rows", [("AuthenticAMD", 4), ("GenuineIntel", 2), ("", 4)])

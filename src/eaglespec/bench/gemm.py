@@ -13,7 +13,7 @@ them alike. It measured the rule behind compiled.CPU_REGISTER_ROWS (docs/benchma
 its weights inside its .so: the defaults hold 8 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
-    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4,any] [--rounds 9]
+    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4,2,any] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
-    p.add_argument("--register-rows", default="inductor,4",
+    p.add_argument("--register-rows", default="inductor,4,2",
                    help="register blocks to compare: 'inductor' (its own table) or the most rows a micro-kernel "
                    "holds; 'any': max-autotune's pick among all backends (oneDNN's included)")
     p.add_argument("--products", type=int, default=120)

@@ -380,19 +380,27 @@ CPU_GEMM_BACKENDS = "CPP"
 # a 4-row block (11.8 and 11.4 at 1 row; `python -m eaglespec.bench.gemm`); an 8-row panel of
 # weights is then read twice, the second time from L1. On the Intel AMX kind the 4-row block was
 # steep as well and a 2-row block flattest (docs/benchmarks.md, "The Intel AMX kind with the 16k
-# head"): 15.6 / 19.2 / 22.8 ms at 1 / 4 / 8 rows with 2, 15.6 / 24.7 / 31.5 with 4, 15.5 / 20.6 /
-# 24.7 with 1. Each output's sum runs over k in the same order with any block, so the block changes
-# no result (the command compares them bit for bit). AVX2's table (4 rows, and 8 x 8 where N
-# divides by 8 only) is left as it is; the Zen 4 kind runs AMD's rule unmeasured.
-CPU_REGISTER_ROWS = {"GenuineIntel": 2}  # by CPU vendor; the key of a compiled package holds the choice
-CPU_REGISTER_ROWS_ELSE = 4
+# head"; one run): 15.6 / 17.3 / 24.7 / 31.5 ms at 1 / 2 / 4 / 8 rows with 4, 15.6 / 17.4 / 19.4 /
+# 22.8 with 2 (a 1-row block, in a second run, 15.5 at 1, 20.6 at 4, 24.7 at 8). Each output's sum
+# runs over k in the same order with any block, so the block changes no result (the command
+# compares them bit for bit). So Intel CPUs block 2 rows (measured on that one Intel kind, family 6
+# model 167) and the others 4 (measured on AMD's family-26 kind; the Zen 4 kind runs it
+# unmeasured). AVX2's table (4 rows, and 8 x 8 where N divides by 8 only) is left as it is.
+CPU_REGISTER_ROWS = {"GenuineIntel": 2}  # by /proc/cpuinfo's vendor_id; the artefacts' key holds the choice
+CPU_REGISTER_ROWS_DEFAULT = 4
 
 
 def cpu_register_rows() -> int:
     """The most rows inductor's fp32 AVX-512 micro-GEMMs hold in registers on this CPU."""
     from .target import cpu_vendor
 
-    return CPU_REGISTER_ROWS.get(cpu_vendor(), CPU_REGISTER_ROWS_ELSE)
+    return CPU_REGISTER_ROWS.get(cpu_vendor(), CPU_REGISTER_ROWS_DEFAULT)
+
+
+def register_block(device: torch.device) -> int | None:
+    """What the compiled artefacts and cached measurements of a device key on for the GEMMs'
+    register block: cpu_register_rows() on a CPU, None elsewhere."""
+    return cpu_register_rows() if device.type == "cpu" else None
 
 
 _MICRO = threading.RLock()  # one thread patches inductor's table at a time; a nested use only yields
@@ -433,7 +441,8 @@ def _register_rows(device_type: str, most: int | None = ...):
     rows (default cpu_register_rows(); a patch of its table of micro-kernel shapes, restored
     afterwards; None, or a torch without that table: its own blocks). VecAMX's own shapes (bf16,
     int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
-    most = cpu_register_rows() if most is ... else most
+    if device_type == "cpu" and most is ...:
+        most = cpu_register_rows()
     found = _micro_gemm_table() if device_type == "cpu" and most is not None else None
     if found is None:
         yield
@@ -795,8 +804,8 @@ class CompiledSteps:
     def kernels(self) -> str:
         """What a cached measurement of this path's steps depends on (the artefacts' scheme, and on
         a CPU the register block of their GEMMs)."""
-        rows = f"-r{cpu_register_rows()}" if self.target.device.type == "cpu" else ""
-        return f"{self.name}-{ARTEFACT_SCHEME}{rows}"
+        block = register_block(self.target.device)
+        return f"{self.name}-{ARTEFACT_SCHEME}" + (f"-r{block}" if block else "")
 
     def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
@@ -1014,7 +1023,7 @@ def artefact_key(target) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": torch.get_num_threads(), **installed_versions(),
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
-            "register_rows": cpu_register_rows() if device.type == "cpu" else None}
+            "register_rows": register_block(device)}
 
 
 PARTIAL_MAX_AGE_S = 3600  # a half-written package untouched this long, its writer gone, is dead weight

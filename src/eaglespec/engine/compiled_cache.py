@@ -4,8 +4,8 @@ Each folder under <cache>/compiled/ holds one target's packages for one machine 
 stack (compiled.artefact_key): a few hundred MB per graph, since a frozen graph carries its
 weights, so 3-9 GB for a target compiled at several shapes. A folder made under an older
 artefact scheme or another torch, transformers or eaglespec version is never loaded again (its key
-cannot match); a folder for another CPU, thread count, target or dtype still can be, on that
-machine or with that model, and is kept.
+cannot match); a folder for another CPU, thread count, target, dtype or GEMM register block (its
+CPU's choice) still can be, on that machine or with that model, and is kept.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ARTEFACT_SCHEME = 6  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention;
+ARTEFACT_SCHEME = 7  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention;
 # 4: constants beside the .so, shared across packages; 5: on a CPU, a single-row step's GEMMs
-# are C++ templates; 6: so are those of steps up to 8 rows, in register blocks of 4 rows)
+# are C++ templates; 6: so are those of steps up to 8 rows, in register blocks of 4 rows; 7: of 2
+# rows on Intel CPUs, the block part of the key)
 MANIFEST = "eaglespec-compiled.json"
 SOFTWARE = ("torch", "transformers", "eaglespec")  # a folder made under other versions is never loaded
 NOTE_BYTES = 1 << 30  # stale folders above this size get a note when a new folder is made

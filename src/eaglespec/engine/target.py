@@ -9,6 +9,7 @@ forward equals per-branch causal forwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 from dataclasses import dataclass
@@ -388,13 +389,18 @@ MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_til
                 "asimd", "sve", "sve2", "bf16", "i8mm")
 
 
+@functools.cache
+def _cpuinfo_lines() -> tuple[str, ...]:
+    """/proc/cpuinfo's lines, read once a process (Linux; elsewhere none)."""
+    try:
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
+    except OSError:
+        return ()
+
+
 def _cpuinfo(*names: str) -> str:
     """The first /proc/cpuinfo field of one of these names, or "" (no such file, or field)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    return next((line.split(":", 1)[1].strip() for line in lines
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines()
                  if ":" in line and line.split(":", 1)[0].strip() in names), "")
 
 
@@ -409,7 +415,8 @@ def cpu_identity() -> dict:
 
 
 def cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), or "" where there is none."""
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), or "" where there is none
+    (a machine other than Linux: its compiled steps take the default register block)."""
     return _cpuinfo("vendor_id")
 
 
