@@ -367,7 +367,7 @@ class _Attention:
 # caches, and picks oneDNN's packed product, which in a real step (the weights streamed from memory)
 # is slower. Measured side by side on the AVX-512 kind (docs/benchmarks.md): a vanilla step of
 # SmolLM2-135M took 19.3 and 24.0 ms with its oneDNN products, 15.0 and 18.5 ms with the templates;
-# an 8-token step (templates of 4 register rows, below) 30.3 and 31.7 ms against 35.9 and 36.1 for
+# an 8-token step (templates of 4 register rows, as AMD CPUs build them, below) 30.3 and 31.7 ms against 35.9 and 36.1 for
 # autotune's mix. Wider steps (batches) keep its own choice.
 CPU_TEMPLATE_ROWS = 8
 CPU_GEMM_BACKENDS = "CPP"
@@ -384,8 +384,9 @@ CPU_GEMM_BACKENDS = "CPP"
 # 22.8 with 2 (a 1-row block, in a second run, 15.5 at 1, 20.6 at 4, 24.7 at 8). Each output's sum
 # runs over k in the same order with any block, so the block changes no result (the command
 # compares them bit for bit). So Intel CPUs block 2 rows (measured on that one Intel kind, family 6
-# model 167) and the others 4 (measured on AMD's family-26 kind; the Zen 4 kind runs it
-# unmeasured). AVX2's table (4 rows, and 8 x 8 where N divides by 8 only) is left as it is.
+# model 167) and the others 4 (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
+# inductor's 8 in session 20, 2 rows unmeasured). AVX2's table (4 rows, and 8 x 8 where N divides
+# by 8 only) is left as it is.
 CPU_REGISTER_ROWS = {"GenuineIntel": 2}  # by /proc/cpuinfo's vendor_id; the artefacts' key holds the choice
 CPU_REGISTER_ROWS_DEFAULT = 4
 

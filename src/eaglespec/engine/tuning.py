@@ -254,7 +254,8 @@ def _head_architecture(gen) -> str:
 
 def cost_key(gen) -> dict:
     """Everything a measured step cost depends on: the machine (CPU model and matrix flags, or the
-    GPU), the software, the thread count, the target's weights and dtype, and the head's shape."""
+    GPU), the software, the thread count, the target's weights and dtype, the decoding step's
+    kernels (target.steps.kernels), and the head's shape."""
     import transformers
 
     from .. import __version__
