@@ -33,18 +33,18 @@ def test_gemm_times_each_register_block_and_row_count_and_compares_their_product
     """bench.gemm: a package per (register block, rows), every one timed; the products of 8 rows
     are bit for bit the same with inductor's blocks and with 4- and 2-row blocks (the block does
     not change a sum's order)."""
-    times, same = gemm.gemm_times([1, 8], [None, 4, 2], products=2, shape=(32, 48), rounds=2, say=lambda _: None)
+    times, differ = gemm.gemm_times([1, 8], [None, 4, 2], products=2, shape=(32, 48), rounds=2, say=lambda _: None)
     assert set(times) == {(b, m) for b in (None, 4, 2) for m in (1, 8)} and all(t > 0 for t in times.values())
-    assert same == {1: True, 8: True}
+    assert differ == {1: [], 8: []}
 
 
 @pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
 def test_gemm_times_also_builds_max_autotunes_own_pick_among_all_backends():
     """`--register-rows any`: the products as a step wider than CPU_TEMPLATE_ROWS is built
     (max-autotune over every backend), timed beside the templates; its sums may differ."""
-    times, same = gemm.gemm_times([16], [4, gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
+    times, differ = gemm.gemm_times([16], [4, gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
     assert set(times) == {(4, 16), (gemm.ANY, 16)} and all(t > 0 for t in times.values())
-    assert set(same) == {16}
+    assert set(differ) == {16} and set(differ[16]) <= {gemm.ANY}
 
 
 def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
@@ -54,6 +54,13 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
         gemm.main(["--rows", "0,8"])
     with pytest.raises(SystemExit, match="--rounds 0 / --products 120: give at least 1"):
         gemm.main(["--rounds", "0"])
+
+
+def test_the_gemm_command_names_the_blocks_whose_products_differ(monkeypatch, capsys):
+    monkeypatch.setattr(gemm, "gemm_times", lambda rows, blocks, *a, **k: (
+        {(b, m): 0.01 * m for b in blocks for m in rows}, {1: [], 8: [gemm.ANY]}))
+    assert gemm.main(["--rows", "1,8", "--register-rows", "inductor,2,any"]) == 0
+    assert "products bit for bit the same as inductor's: m=1 yes, m=8 NO, any" in capsys.readouterr().out
 
 
 def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its_step_and_nearest_kind():

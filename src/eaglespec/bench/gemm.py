@@ -59,8 +59,8 @@ def _blocks(text: str) -> list[int | str | None]:
 @torch.no_grad()
 def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 120,
                shape: tuple[int, int] = (576, 1536), rounds: int = 9, say=print) -> tuple[dict, dict]:
-    """-> ({(block, rows): median seconds of one pass over every product}, {rows: whether every
-    block gave bit for bit the same products as the first}); a block is a number of register rows,
+    """-> ({(block, rows): median seconds of one pass over every product}, {rows: the blocks whose
+    products are not bit for bit the first block's}); a block is a number of register rows,
     None (inductor's table) or ANY."""
     from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows, cpu_register_rows
     from .roofline import interleaved_medians
@@ -86,9 +86,10 @@ def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 
                 outputs[(block, m)] = runners[(block, m)][0](x)
                 say(f"built {m} row(s), register rows {block or 'inductor'} in {time.perf_counter() - began:.0f} s")
         times = interleaved_medians(list(runners), lambda case: runners[case][0](runners[case][1]), rounds)
-    same = {m: all(all(torch.equal(a, b) for a, b in zip(outputs[(blocks[0], m)], outputs[(block, m)], strict=True))
-                   for block in blocks) for m in rows}
-    return times, same
+    differ = {m: [block for block in blocks[1:]
+                  if not all(torch.equal(a, b) for a, b in zip(outputs[(blocks[0], m)], outputs[(block, m)], strict=True))]
+              for m in rows}
+    return times, differ
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.products} products of {k} x {n} fp32 ({size / 1e6:.0f} MB) on {machine_line('float32')}",
           file=sys.stderr)
     with hold_machine():  # a background capture or training run sleeps meanwhile
-        times, same = gemm_times(rows, blocks, args.products, (k, n), args.rounds,
+        times, differ = gemm_times(rows, blocks, args.products, (k, n), args.rounds,
                                  say=lambda line: print(line, file=sys.stderr))
     print(f"{'register rows':13s}" + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
     for block in blocks:
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{str(block or 'inductor'):13s}{cells}  {size / one / 1e9 if one else float('nan'):11.1f}  {ratios}")
     if len(blocks) > 1:
         print(f"products bit for bit the same as {blocks[0] or 'inductor'}'s: "
-              + ", ".join(f"m={m} {'yes' if same[m] else 'NO'}" for m in rows))
+              + ", ".join(f"m={m} " + ("yes" if not differ[m] else "NO, " + " ".join(str(b or "inductor") for b in differ[m]))
+                          for m in rows))
     return 0
 
 
