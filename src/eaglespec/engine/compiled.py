@@ -634,13 +634,14 @@ class _Jit:
         self.attention = _Attention(module)
         weight = next(module.parameters(), None)
         self.device_type = "cpu" if weight is None else weight.device.type
+        self.register_rows = register_block(torch.device(self.device_type))  # once: __call__ runs every step
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
         def run(backends):
             with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), \
-                    _register_rows(self.device_type), self.attention:
+                    _register_rows(self.device_type, self.register_rows), self.attention:
                 return self.module(*args)
 
         out, self.gemm_backends = _gemm_fallback(run, self.gemm_backends)  # None from then on, if it fell back
