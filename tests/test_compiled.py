@@ -16,7 +16,7 @@ from eaglespec.core.attention import additive_mask
 from eaglespec.core.config import parse_tree
 from eaglespec.draft.head import EagleHead
 from eaglespec.engine import compiled
-from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
+from eaglespec.engine.compiled import CompiledSteps, GemmBlock, StaticRows, artefact_dir, compile_mode, resolve_mode
 from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.engine.kv_cache import RowCache
 from eaglespec.errors import EagleError
@@ -474,13 +474,15 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
     alive.unlink()
     recent.unlink()
     assert sorted(p.name for p in folder.glob("*.pt2")) == sorted(packages)
-    # another target (other weights) gets another folder, and so does another register block
+    # another target (other weights) gets another folder, and so does another micro-GEMM block
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
     assert other != folder
-    assert manifest["key"]["register_rows"] == compiled.cpu_register_rows()
+    assert manifest["key"]["gemm_block"] == str(compiled.cpu_gemm_block())
     with monkeypatch.context() as m:
-        m.setattr(compiled, "cpu_register_rows", lambda: 3)
-        assert artefact_dir(target, tmp_path)[0] not in (folder, other)
+        m.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3))
+        three = artefact_dir(target, tmp_path)[0]
+        m.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3, 16))
+        assert len({three, artefact_dir(target, tmp_path)[0], folder, other}) == 4
     # a manifest of another key, then a damaged one: emptied, said so, rebuilt
     (folder / compiled.MANIFEST).write_text(json.dumps({"key": {"scheme": 0}}))
     again, note = artefact_dir(target, tmp_path)
@@ -637,13 +639,14 @@ def _kernels(package) -> str:
 
 
 @needs_cxx
-def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_the_cpus_register_rows(tmp_path):
+def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_the_cpus_micro_gemm_block(tmp_path):
     """max-autotune on a CPU chooses the GEMMs of a step of up to 8 rows among inductor's C++
     templates only (CPU_GEMM_BACKENDS): its products are micro-GEMMs of the generated code, not
     oneDNN's linear (which autotuning over cache-hot weights picks, and which streams slower in a
     real step); wider steps and a GPU's keep inductor's own choice. With AVX-512 the micro-GEMMs
-    hold at most cpu_register_rows() rows in registers (2 on Intel, 4 elsewhere: inductor's 8-row
-    block ran 8-row products 1.3-2x slower), and the ids stay eager's."""
+    hold at most cpu_gemm_block().rows rows in registers (4: inductor's 8-row block ran 8-row
+    products 1.3-2x slower) and prefetch the weights where it says so (Intel), and the ids stay
+    eager's."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     target = tiny_target("llama", dtype=torch.float32)
@@ -659,7 +662,27 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_at_most_the_cpus_register
         assert "micro_gemm" in code and "linear_pointwise" not in code
         if "avx512" in str(pick_vec_isa()).lower():
             blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
-            assert blocks and max(blocks) <= compiled.cpu_register_rows() in (2, 4), blocks
+            assert blocks and max(blocks) <= compiled.cpu_gemm_block().rows == 4, blocks
+        assert ("__builtin_prefetch(B + (k + " in code) == bool(compiled.cpu_gemm_block().prefetch)
+
+
+@needs_cxx
+@pytest.mark.parametrize("prefetch", [0, 16])
+def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, monkeypatch, prefetch):
+    """A block with a prefetch distance puts one L2 prefetch of the weights, that many k-rows ahead,
+    in each fp32 micro-GEMM kernel of every step (a block without: none), whatever this CPU's own
+    block; a prefetch changes no arithmetic, so the ids stay eager's."""
+    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(2, prefetch))
+    target = tiny_target("llama", dtype=torch.float32)
+    target.steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
+    eager = tiny_target("llama", dtype=torch.float32)
+    assert ids(EagleGenerator(target, random_head(target), "chain:3"), 8) == ids(EagleGenerator(eager, None), 8, speculative=False)
+    for kept in tmp_path.glob("step-1x*-f.pt2"):
+        code = _kernels(kept)
+        assert "micro_gemm" in code
+        kernels = len(re.findall(r"inline void \w+_micro_gemm_kernel\(", code))  # one per GEMM of the step
+        assert kernels and code.count(f"__builtin_prefetch(B + (k + {prefetch}) * ldb + col * VLEN, 0, 2);") == (kernels if prefetch else 0)
+        assert prefetch or "__builtin_prefetch" not in code
 
 
 def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
@@ -667,42 +690,48 @@ def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
 
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: (
         "processor\t: 0", "vendor_id\t: GenuineIntel", "model name\t: Some Xeon", "flags\t\t: fpu avx2 amx_bf16"))
-    assert target_module.cpu_vendor() == "GenuineIntel" and compiled.cpu_register_rows() == 2
+    assert target_module.cpu_vendor() == "GenuineIntel" and compiled.cpu_gemm_block() == GemmBlock(4, 32)
     assert target_module.cpu_identity() == {"cpu": "Some Xeon", "flags": ["avx2", "amx_bf16"]}
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: ())  # not Linux: no vendor, the default block
-    assert target_module.cpu_vendor() == "" and compiled.cpu_register_rows() == compiled.CPU_REGISTER_ROWS_DEFAULT
+    assert target_module.cpu_vendor() == "" and compiled.cpu_gemm_block() == compiled.CPU_GEMM_BLOCK_DEFAULT == GemmBlock(4)
 
 
-@pytest.mark.parametrize("vendor,rows", [("AuthenticAMD", 4), ("GenuineIntel", 2), ("", 4)])
-def test_the_register_rows_patch_changes_only_fp32_avx512_blocks_and_is_undone(monkeypatch, vendor, rows):
-    """compiled._register_rows: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
-    most cpu_register_rows() rows (by the CPU's vendor: 2 on Intel, 4 elsewhere) and every other
-    shape is as it was; afterwards, the table is whole again. No patch for a GPU's builds."""
+@pytest.mark.parametrize("vendor,block", [("AuthenticAMD", GemmBlock(4)), ("GenuineIntel", GemmBlock(4, 32)), ("", GemmBlock(4))])
+def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_template_and_is_undone(monkeypatch, vendor, block):
+    """compiled._gemm_kernels: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
+    most cpu_gemm_block().rows rows (4) and every other shape is as it was, and the fp32 kernel
+    template prefetches the weights where the block says so (Intel); afterwards, table and template are whole again. No patch for a GPU's builds."""
     import torch._inductor.compile_fx  # noqa: F401
     from torch._inductor.codegen import cpp_micro_gemm as micro
 
     import eaglespec.engine.target as target_module
 
     monkeypatch.setattr(target_module, "cpu_vendor", lambda: vendor)
-    assert compiled.cpu_register_rows() == rows
+    assert compiled.cpu_gemm_block() == block
+    rows = block.rows
     table = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
-    before = list(table)
+    before, template = list(table), micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
+    assert "__builtin_prefetch" not in template
     assert any(c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32 and c.register_blocking.block_m > 4
                for c in before)  # else the patch has nothing to change in this torch
-    with compiled._register_rows("cpu"):
+    with compiled._gemm_kernels("cpu"):
         # inductor's graph cache keys on the block too (a custom pass's uuid is part of its key)
-        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-register-rows-{rows}"
+        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-{block}"
+        added = [line for line in micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL.split("\n") if line not in template.split("\n")]
+        assert added == (["            __builtin_prefetch(B + (k + 32) * ldb + col * VLEN, 0, 2);"] if block.prefetch else [])
         for was, now in zip(before, table, strict=True):
             if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
                 assert now.register_blocking == (min(was.register_blocking.block_m, rows), *was.register_blocking[1:])
             else:
                 assert now == was
     assert table == before and torch._inductor.config.post_grad_custom_post_pass is None
-    with compiled._register_rows("cuda"):
-        assert table == before
-    with compiled._register_rows("cpu", 2), compiled._register_rows("cpu", 2):  # nested: no deadlock
+    assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
+    with compiled._gemm_kernels("cuda", GemmBlock(2, 32)):
+        assert table == before and micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
+    with compiled._gemm_kernels("cpu", GemmBlock(2)), compiled._gemm_kernels("cpu", GemmBlock(2)):  # nested: no deadlock
         assert max(c.register_blocking.block_m for c in table if c.vec_isa_cls is micro.VecAVX512
                    and c.input_dtype == torch.float32) == 2
+        assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template  # no prefetch asked
     assert table == before
 
 
@@ -887,7 +916,7 @@ def test_gqa_attention_is_set_only_while_a_graph_is_traced(monkeypatch):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
-def test_cached_step_measurements_are_keyed_on_the_artefact_scheme_and_register_block(monkeypatch):
+def test_cached_step_measurements_are_keyed_on_the_artefact_scheme_and_micro_gemm_block(monkeypatch):
     from eaglespec.engine.target import EagerSteps
     from eaglespec.engine.tuning import cost_key
 
@@ -898,8 +927,10 @@ def test_cached_step_measurements_are_keyed_on_the_artefact_scheme_and_register_
     now = cost_key(gen)
     monkeypatch.setattr(compiled, "ARTEFACT_SCHEME", compiled.ARTEFACT_SCHEME + 1)
     scheme = cost_key(gen)
-    monkeypatch.setattr(compiled, "cpu_register_rows", lambda: 3)  # and on the register block
-    assert len({eager["steps"], now["steps"], scheme["steps"], cost_key(gen)["steps"]}) == 4
+    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3))  # and on the micro-GEMM block
+    three = cost_key(gen)
+    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3, 16))
+    assert len({eager["steps"], now["steps"], scheme["steps"], three["steps"], cost_key(gen)["steps"]}) == 5
     assert eager["steps"] == EagerSteps.kernels
 
 

@@ -6,6 +6,7 @@ from conftest import tiny_target
 
 from eaglespec.bench import gemm, profile, roofline
 from eaglespec.engine import compiled
+from eaglespec.engine.compiled import GemmBlock
 from eaglespec.engine.target import EagerSteps
 
 
@@ -29,12 +30,13 @@ def test_step_times_interleave_the_read_with_the_steps():
 
 
 @pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
-def test_gemm_times_each_register_block_and_row_count_and_compares_their_products():
-    """bench.gemm: a package per (register block, rows), every one timed; the products of 8 rows
-    are bit for bit the same with inductor's blocks and with 4- and 2-row blocks (the block does
-    not change a sum's order)."""
-    times, differ = gemm.gemm_times([1, 8], [None, 4, 2], products=2, shape=(32, 48), rounds=2, say=lambda _: None)
-    assert set(times) == {(b, m) for b in (None, 4, 2) for m in (1, 8)} and all(t > 0 for t in times.values())
+def test_gemm_times_each_micro_gemm_block_and_row_count_and_compares_their_products():
+    """bench.gemm: a package per (micro-GEMM block, rows), every one timed; the products of 8 rows
+    are bit for bit the same with inductor's blocks, with 4- and 2-row blocks and with a prefetch
+    of the weights (neither changes a sum's order)."""
+    blocks = [None, GemmBlock(4), GemmBlock(2), GemmBlock(2, 8)]
+    times, differ = gemm.gemm_times([1, 8], blocks, products=2, shape=(32, 48), rounds=2, say=lambda _: None)
+    assert set(times) == {(b, m) for b in blocks for m in (1, 8)} and all(t > 0 for t in times.values())
     assert differ == {1: [], 8: []}
 
 
@@ -42,14 +44,17 @@ def test_gemm_times_each_register_block_and_row_count_and_compares_their_product
 def test_gemm_times_also_builds_max_autotunes_own_pick_among_all_backends():
     """`--register-rows any`: the products as a step wider than CPU_TEMPLATE_ROWS is built
     (max-autotune over every backend), timed beside the templates; its sums may differ."""
-    times, differ = gemm.gemm_times([16], [4, gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
-    assert set(times) == {(4, 16), (gemm.ANY, 16)} and all(t > 0 for t in times.values())
+    times, differ = gemm.gemm_times([16], [GemmBlock(4), gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
+    assert set(times) == {(GemmBlock(4), 16), (gemm.ANY, 16)} and all(t > 0 for t in times.values())
     assert set(differ) == {16} and set(differ[16]) <= {gemm.ANY}
 
 
 def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
-    with pytest.raises(SystemExit, match="--register-rows 'inductor,x': give 'inductor', 'any' or a positive number"):
+    with pytest.raises(SystemExit, match="--blocks 'inductor,x': give 'inductor', 'any', a positive number of register rows"):
         gemm.main(["--register-rows", "inductor,x"])
+    with pytest.raises(SystemExit, match="--blocks '2p': give"):
+        gemm.main(["--blocks", "2p"])
+    assert gemm._blocks("inductor,4,2p32,r4-p16,any") == [None, GemmBlock(4), GemmBlock(2, 32), GemmBlock(4, 16), gemm.ANY]
     with pytest.raises(SystemExit, match="--rows '0,8' / --shape '576x1536': give positive numbers"):
         gemm.main(["--rows", "0,8"])
     with pytest.raises(SystemExit, match="--rounds 0 / --products 120: give at least 1"):
@@ -59,8 +64,9 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
 def test_the_gemm_command_names_the_blocks_whose_products_differ(monkeypatch, capsys):
     monkeypatch.setattr(gemm, "gemm_times", lambda rows, blocks, *a, **k: (
         {(b, m): 0.01 * m for b in blocks for m in rows}, {1: [], 8: [gemm.ANY]}))
-    assert gemm.main(["--rows", "1,8", "--register-rows", "inductor,2,any"]) == 0
-    assert "products bit for bit the same as inductor's: m=1 yes, m=8 NO, any" in capsys.readouterr().out
+    assert gemm.main(["--rows", "1,8", "--blocks", "inductor,2p32,any"]) == 0
+    out = capsys.readouterr().out
+    assert "products bit for bit the same as inductor's: m=1 yes, m=8 NO, any" in out and "\nr2-p32 " in out
 
 
 def test_profile_kinds_name_inductors_kernels_and_an_events_own_time_goes_to_its_step_and_nearest_kind():

@@ -1,24 +1,25 @@
-"""Inductor's C++ GEMM templates at a few rows, for each register block: products of a decoder's
+"""Inductor's C++ GEMM templates at a few rows, for each micro-GEMM block: products of a decoder's
 shape with their weights streamed from memory, as a decoding step streams them.
 
 A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 x 1536, 120 of
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
 with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
-count and register block (`--register-rows`: the most rows a micro-kernel holds, as
-compiled.cpu_register_rows() chooses; `inductor`: inductor's own table; `any`: max-autotune's own pick
-among all its GEMM backends, oneDNN's included, as a step wider than compiled.CPU_TEMPLATE_ROWS
-is built). All are then timed in
-shuffled interleaved rounds in one process (medians), so a machine shared with other work slows
-them alike. It measured the rule behind compiled.CPU_REGISTER_ROWS (docs/benchmarks.md). Each package keeps
-its weights inside its .so: the defaults hold 8 x 425 MB in memory, and as much in a temporary
+count and block (`--blocks`: `R` holds at most R rows in registers, `RpD` also prefetches the
+weights D k-rows ahead into L2, as compiled.cpu_gemm_block() chooses; `inductor`: inductor's own
+table; `any`: max-autotune's own pick among all its GEMM backends, oneDNN's included, as a step
+wider than compiled.CPU_TEMPLATE_ROWS is built). All are then timed in shuffled interleaved
+rounds in one process (medians), so a machine shared with other work slows them alike. It
+measured the rules behind compiled.CPU_GEMM_BLOCKS (docs/benchmarks.md). Each package keeps its
+weights inside its .so: the defaults hold 16 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
-    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--register-rows inductor,4,2,any] [--rounds 9]
+    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--blocks inductor,4,2,2p32,any] [--rounds 9]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -38,31 +39,33 @@ class _Products(torch.nn.Module):
         return [p(x) for p in self.products]
 
 
-ANY = "any"  # not a register block: max-autotune's pick among all backends
+ANY = "any"  # not a micro-GEMM block: max-autotune's pick among all backends
 
 
-def _blocks(text: str) -> list[int | str | None]:
+def _blocks(text: str) -> list:
+    """'inductor,4,2p32,any' -> [None, GemmBlock(4), GemmBlock(2, 32), ANY]."""
+    from ..engine.compiled import GemmBlock
+
     out = []
     for part in text.split(","):
-        if part == "inductor":
-            out.append(None)
-        elif part == ANY:
-            out.append(ANY)
-        elif part.isdigit() and int(part) > 0:
-            out.append(int(part))
+        found = re.fullmatch(r"r?(\d+)(?:-?p(\d+))?", part)
+        if part in ("inductor", ANY):
+            out.append(None if part == "inductor" else ANY)
+        elif found and int(found[1]) > 0:
+            out.append(GemmBlock(int(found[1]), int(found[2] or 0)))
         else:
-            raise EagleError(f"--register-rows {text!r}: give 'inductor', 'any' or a positive number of rows, "
-                             "comma-separated, e.g. inductor,4")
+            raise EagleError(f"--blocks {text!r}: give 'inductor', 'any', a positive number of register rows, or "
+                             "rows and a prefetch distance (2p32), comma-separated, e.g. inductor,4,2p32")
     return out
 
 
 @torch.no_grad()
-def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 120,
+def gemm_times(rows: list[int], blocks: list, products: int = 120,
                shape: tuple[int, int] = (576, 1536), rounds: int = 9, say=print) -> tuple[dict, dict]:
     """-> ({(block, rows): median seconds of one pass over every product}, {rows: the blocks whose
-    products are not bit for bit the first block's}); a block is a number of register rows,
-    None (inductor's table) or ANY."""
-    from ..engine.compiled import CPU_GEMM_BACKENDS, _inductor_options, _register_rows, cpu_register_rows
+    products are not bit for bit the first block's}); a block is a compiled.GemmBlock, None
+    (inductor's own kernels) or ANY."""
+    from ..engine.compiled import CPU_GEMM_BACKENDS, _gemm_kernels, _inductor_options, cpu_gemm_block
     from .roofline import interleaved_medians
 
     torch.manual_seed(0)
@@ -78,18 +81,22 @@ def gemm_times(rows: list[int], blocks: list[int | str | None], products: int = 
                 path = Path(folder) / f"gemm-{block}-{m}.pt2"
                 # no cache: each block's build is its own (its first run, before inductor's graph
                 # cache keyed on the block, was served the first block's code for the second)
-                backends, most = (None, cpu_register_rows()) if block == ANY else (CPU_GEMM_BACKENDS, block)
+                backends, kernels = (None, cpu_gemm_block()) if block == ANY else (CPU_GEMM_BACKENDS, block)
                 options = _inductor_options(True, gemm_backends=backends) | {"force_disable_caches": True}
-                with torch._inductor.config.patch(options), _register_rows("cpu", most):
+                with torch._inductor.config.patch(options), _gemm_kernels("cpu", kernels):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))
                 runners[(block, m)] = (torch._inductor.aoti_load_package(str(path)), x)
                 outputs[(block, m)] = runners[(block, m)][0](x)
-                say(f"built {m} row(s), register rows {block or 'inductor'} in {time.perf_counter() - began:.0f} s")
+                say(f"built {m} row(s), block {_name(block)} in {time.perf_counter() - began:.0f} s")
         times = interleaved_medians(list(runners), lambda case: runners[case][0](runners[case][1]), rounds)
     differ = {m: [block for block in blocks[1:]
                   if not all(torch.equal(a, b) for a, b in zip(outputs[(blocks[0], m)], outputs[(block, m)], strict=True))]
               for m in rows}
     return times, differ
+
+
+def _name(block) -> str:
+    return "inductor" if block is None else str(block)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
-    p.add_argument("--register-rows", default="inductor,4,2",
-                   help="register blocks to compare: 'inductor' (its own table) or the most rows a micro-kernel "
-                   "holds; 'any': max-autotune's pick among all backends (oneDNN's included)")
+    p.add_argument("--blocks", "--register-rows", dest="blocks", default="inductor,4,2,2p32,4p32",
+                   help="micro-GEMM blocks to compare: 'inductor' (its own kernels), the most rows a micro-kernel "
+                   "holds (4), rows and how many k-rows of weights ahead it prefetches into L2 (2p32); 'any': "
+                   "max-autotune's pick among all backends (oneDNN's included)")
     p.add_argument("--products", type=int, default=120)
     p.add_argument("--shape", default="576x1536", help="K x N of each product")
     p.add_argument("--rounds", type=int, default=9)
@@ -117,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.products < 1:
         raise SystemExit(f"--rounds {args.rounds} / --products {args.products}: give at least 1")
     try:
-        blocks = list(dict.fromkeys(_blocks(args.register_rows)))
+        blocks = list(dict.fromkeys(_blocks(args.blocks)))
     except EagleError as exc:
         raise SystemExit(str(exc))
     problem = compiler_problem()
@@ -129,15 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     with hold_machine():  # a background capture or training run sleeps meanwhile
         times, differ = gemm_times(rows, blocks, args.products, (k, n), args.rounds,
                                  say=lambda line: print(line, file=sys.stderr))
-    print(f"{'register rows':13s}" + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
+    print(f"{'block':13s}" + "".join(f"  m={m:<3d} ms" for m in rows) + "  GB/s at m=1  cost(m)/cost(1)")
     for block in blocks:
         cells = "".join(f"  {times[(block, m)] * 1e3:8.1f}" for m in rows)
         one = times.get((block, 1))
         ratios = " ".join(f"{times[(block, m)] / one:.2f}" for m in rows) if one else ""
-        print(f"{str(block or 'inductor'):13s}{cells}  {size / one / 1e9 if one else float('nan'):11.1f}  {ratios}")
+        print(f"{_name(block):13s}{cells}  {size / one / 1e9 if one else float('nan'):11.1f}  {ratios}")
     if len(blocks) > 1:
-        print(f"products bit for bit the same as {blocks[0] or 'inductor'}'s: "
-              + ", ".join(f"m={m} " + ("yes" if not differ[m] else "NO, " + " ".join(str(b or "inductor") for b in differ[m]))
+        print(f"products bit for bit the same as {_name(blocks[0])}'s: "
+              + ", ".join(f"m={m} " + ("yes" if not differ[m] else "NO, " + " ".join(_name(b) for b in differ[m]))
                           for m in rows))
     return 0
 

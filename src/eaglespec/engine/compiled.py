@@ -379,91 +379,141 @@ CPU_GEMM_BACKENDS = "CPP"
 # 576 x 1536 weights streamed from memory took 28.7 ms at 8 rows with the 8-row block, 21.4 ms with
 # a 4-row block (11.8 and 11.4 at 1 row; `python -m eaglespec.bench.gemm`); an 8-row panel of
 # weights is then read twice, the second time from L1. On the Intel AMX kind the 4-row block was
-# steep as well and a 2-row block flattest (docs/benchmarks.md, "The Intel AMX kind with the 16k
-# head"; one run): 15.6 / 17.3 / 24.7 / 31.5 ms at 1 / 2 / 4 / 8 rows with 4, 15.6 / 17.4 / 19.4 /
-# 22.8 with 2 (a 1-row block, in a second run, 15.5 at 1, 20.6 at 4, 24.7 at 8). Each output's sum
-# runs over k in the same order with any block, so the block changes no result (the command
-# compares them bit for bit). So Intel CPUs block 2 rows (measured on that one Intel kind, family 6
-# model 167) and the others 4 (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
-# inductor's 8 in session 20, 2 rows unmeasured). AVX2's table (4 rows, and 8 x 8 where N divides
-# by 8 only) is left as it is.
-CPU_REGISTER_ROWS = {"GenuineIntel": 2}  # by /proc/cpuinfo's vendor_id; the artefacts' key holds the choice
-CPU_REGISTER_ROWS_DEFAULT = 4
+# steep as well and a 2-row block flatter (15.6 / 17.3 / 24.7 / 31.5 ms at 1 / 2 / 4 / 8 rows with
+# 4, 15.6 / 17.4 / 19.4 / 22.8 with 2), until the weights were prefetched (below). Each output's
+# sum runs over k in the same order with any block, so the block changes no result (the command
+# compares them bit for bit). AVX2's table (4 rows, and 8 x 8 where N divides by 8 only) is left
+# as it is.
+#
+# A product of more than one row costs more than a 1-row one, at the same bytes read, because the
+# core doing more arithmetic per byte keeps fewer loads in flight: the hardware prefetcher alone
+# does not hold the DRAM bandwidth. On the Intel AMX kind (family 6 model 167) a software prefetch
+# of the weights 32 k-rows ahead into L2 (prefetcht1, one per 64-byte vector of the panel) made a
+# 4-row block cheap again (docs/benchmarks.md, "Prefetching the weights"): whole steps of
+# SmolLM2-135M, one process, q = 1 / 2 / 4 / 8 tokens, 24.1 / 26.7 / 30.9 / 34.7 ms with 2-row
+# blocks and no prefetch, 22.5 / 23.4 / 25.9 / 31.0 with 2 rows and the prefetch, 22.6 / 22.8 /
+# 24.5 / 31.1 with 4 rows and the prefetch (8 rows: 33.0 at q = 8). A prefetch changes no
+# arithmetic. So Intel CPUs block 4 rows and prefetch (measured on that one Intel kind); the others
+# block 4 rows without it (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
+# inductor's 8 in session 20; neither the prefetch nor 2 rows measured on AMD).
 
 
-def cpu_register_rows() -> int:
-    """The most rows inductor's fp32 AVX-512 micro-GEMMs hold in registers on this CPU."""
+@dataclass(frozen=True)
+class GemmBlock:
+    """How inductor builds the fp32 micro-GEMMs of a step on this CPU."""
+
+    rows: int          # the most rows a micro-kernel holds in registers
+    prefetch: int = 0  # how many k-rows of weights ahead each k-step prefetches into L2 (0: none)
+
+    def __str__(self) -> str:
+        return f"r{self.rows}" + (f"-p{self.prefetch}" if self.prefetch else "")
+
+
+CPU_GEMM_BLOCKS = {"GenuineIntel": GemmBlock(4, 32)}  # by /proc/cpuinfo's vendor_id; the artefacts' key holds it
+CPU_GEMM_BLOCK_DEFAULT = GemmBlock(4)
+
+
+def cpu_gemm_block() -> GemmBlock:
+    """The micro-GEMM block inductor's fp32 GEMMs are built with on this CPU (no prefetch where this
+    torch's micro-GEMM template cannot take one)."""
     from .target import cpu_vendor
 
-    return CPU_REGISTER_ROWS.get(cpu_vendor(), CPU_REGISTER_ROWS_DEFAULT)
+    block = CPU_GEMM_BLOCKS.get(cpu_vendor(), CPU_GEMM_BLOCK_DEFAULT)
+    return block if _prefetch_line() is not None else dataclasses.replace(block, prefetch=0)
 
 
-def register_block(device: torch.device) -> int | None:
-    """What the compiled artefacts and cached measurements of a device key on for the GEMMs'
-    register block: cpu_register_rows() on a CPU, None elsewhere."""
-    return cpu_register_rows() if device.type == "cpu" else None
+def gemm_block(device: torch.device) -> str | None:
+    """What the compiled artefacts and cached measurements of a device key on for the GEMMs' micro-
+    kernels: cpu_gemm_block() on a CPU ("r2-p32"), None elsewhere."""
+    return str(cpu_gemm_block()) if device.type == "cpu" else None
 
 
-_MICRO = threading.RLock()  # one thread patches inductor's table at a time; a nested use only yields
+_MICRO = threading.RLock()  # one thread patches inductor's micro-GEMMs at a time; a nested use only yields
+_LOAD_B = "            vb[col] = Vectorized::loadu(B + k * ldb + col * VLEN);\n"  # fp32 B, no tail
+
+
+def _micro_gemm():
+    """Inductor's micro-GEMM module, or None in a torch without one."""
+    try:
+        import torch._inductor.compile_fx  # noqa: F401  (inductor's modules import in this order)
+        from torch._inductor.codegen import cpp_micro_gemm as micro
+    except ImportError:
+        return None
+    return micro
 
 
 def _micro_gemm_table():
     """(inductor's fp32 micro-GEMM table, its module), or None in a torch without one."""
+    micro = _micro_gemm()
     try:
-        import torch._inductor.compile_fx  # noqa: F401  (inductor's modules import in this order)
-        from torch._inductor.codegen import cpp_micro_gemm as micro
-
         configs = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
-    except (ImportError, AttributeError, KeyError):
+    except (AttributeError, KeyError):
         return None
     return (configs, micro) if configs else None
 
 
 @functools.cache
-def _rows_key(most: int):
-    """A post-grad pass that does nothing but put the register block in inductor's graph-cache key
-    (its cache keys on its config, not on the micro-GEMM table): a graph cached with one block is
-    never served to a build with another."""
+def _prefetch_line() -> str | None:
+    """The line of inductor's fp32 micro-GEMM kernel template that loads a vector of weights (once
+    in it), after which a prefetch goes; None in a torch whose template differs."""
+    micro = _micro_gemm()
+    template = getattr(getattr(micro, "CppMicroGemmFP32Vec", None), "TEMPLATE_KERNEL", None)
+    return _LOAD_B if isinstance(template, str) and template.count(_LOAD_B) == 1 else None
+
+
+@functools.cache
+def _block_key(block: GemmBlock):
+    """A post-grad pass that does nothing but put the micro-GEMM block in inductor's graph-cache key
+    (its cache keys on its config, not on the micro-GEMM table or template): a graph cached with one
+    block is never served to a build with another."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    class RegisterRows(CustomGraphPass):
+    class Block(CustomGraphPass):
         def __call__(self, graph) -> None:
             pass
 
         def uuid(self):
-            return f"eaglespec-register-rows-{most}"
+            return f"eaglespec-gemm-{block}"
 
-    return RegisterRows()
+    return Block()
 
 
 @contextlib.contextmanager
-def _register_rows(device_type: str, most: int | None = ...):
-    """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most `most`
-    rows (default cpu_register_rows(); a patch of its table of micro-kernel shapes, restored
-    afterwards; None, or a torch without that table: its own blocks). VecAMX's own shapes (bf16,
-    int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
-    if device_type == "cpu" and most is ...:
-        most = cpu_register_rows()
-    found = _micro_gemm_table() if device_type == "cpu" and most is not None else None
+def _gemm_kernels(device_type: str, block: GemmBlock | None = ...):
+    """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most
+    block.rows rows, and its fp32 micro-GEMM kernels prefetch the weights block.prefetch k-rows
+    ahead into L2 (default cpu_gemm_block(); patches of its table of micro-kernel shapes and of its
+    kernel template, restored afterwards; None, or a torch without them: its own kernels). VecAMX's
+    own shapes (bf16, int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
+    if device_type != "cpu" or block is None:
+        yield
+        return
+    block = cpu_gemm_block() if block is ... else block
+    found = _micro_gemm_table()
     if found is None:
         yield
         return
     configs, micro = found
     blocking = type(configs[0].register_blocking)
+    kernel = micro.CppMicroGemmFP32Vec
 
     def fewer_rows(c):
         if c.vec_isa_cls is not micro.VecAVX512 or c.input_dtype != torch.float32 \
-                or c.register_blocking.block_m <= most:
+                or c.register_blocking.block_m <= block.rows:
             return c
-        return dataclasses.replace(c, register_blocking=blocking(most, *c.register_blocking[1:]))
+        return dataclasses.replace(c, register_blocking=blocking(block.rows, *c.register_blocking[1:]))
 
-    with _MICRO, torch._inductor.config.patch(post_grad_custom_post_pass=_rows_key(most)):
-        saved = list(configs)
+    with _MICRO, torch._inductor.config.patch(post_grad_custom_post_pass=_block_key(block)):
+        saved, template = list(configs), kernel.TEMPLATE_KERNEL
         configs[:] = [fewer_rows(c) for c in configs]
+        if block.prefetch and _prefetch_line() is not None:
+            kernel.TEMPLATE_KERNEL = template.replace(_LOAD_B, _LOAD_B + (
+                f"            __builtin_prefetch(B + (k + {block.prefetch}) * ldb + col * VLEN, 0, 2);\n"))
         try:
             yield
         finally:
             configs[:] = saved
+            kernel.TEMPLATE_KERNEL = template
 
 
 def _inductor_options(autotune: bool, package: bool = False, gemm_backends: str | None = None) -> dict:
@@ -634,14 +684,14 @@ class _Jit:
         self.attention = _Attention(module)
         weight = next(module.parameters(), None)
         self.device_type = "cpu" if weight is None else weight.device.type
-        self.register_rows = register_block(torch.device(self.device_type))  # once: __call__ runs every step
+        self.gemm_block = cpu_gemm_block() if self.device_type == "cpu" else None  # once: __call__ runs every step
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
         # does not reach the freezing pass): patched around the call, not set for the process
         def run(backends):
             with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), \
-                    _register_rows(self.device_type, self.register_rows), self.attention:
+                    _gemm_kernels(self.device_type, self.gemm_block), self.attention:
                 return self.module(*args)
 
         out, self.gemm_backends = _gemm_fallback(run, self.gemm_backends)  # None from then on, if it fell back
@@ -805,9 +855,9 @@ class CompiledSteps:
     @property
     def kernels(self) -> str:
         """What a cached measurement of this path's steps depends on (the artefacts' scheme, and on
-        a CPU the register block of their GEMMs)."""
-        block = register_block(self.target.device)
-        return f"{self.name}-{ARTEFACT_SCHEME}" + (f"-r{block}" if block else "")
+        a CPU the micro-GEMM block of their GEMMs)."""
+        block = gemm_block(self.target.device)
+        return f"{self.name}-{ARTEFACT_SCHEME}" + (f"-{block}" if block else "")
 
     def __init__(self, target, progress: bool = True, autotune: bool = True, folder=None):
         """autotune: inductor's max-autotune GEMM choice (off only in tests, where tiny models
@@ -942,7 +992,7 @@ class CompiledSteps:
     def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
         def build(choice):
             with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)), \
-                    _register_rows(self.target.device.type):
+                    _gemm_kernels(self.target.device.type):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
         _gemm_fallback(build, backends, lambda exc: self._say(
@@ -1017,7 +1067,7 @@ _SET_BY_US: set[str] = set()  # TORCHINDUCTOR_CACHE_DIR values this module chose
 def artefact_key(target) -> dict:
     """What a compiled step depends on, besides the shapes inductor keys on itself: the machine
     (CPU model and matrix flags, or the GPU), threads, the software, the target's weights and dtype,
-    and on a CPU the register block of its fp32 GEMMs (cpu_register_rows)."""
+    and on a CPU the micro-GEMM block of its fp32 GEMMs (cpu_gemm_block)."""
     from .target import cpu_identity
 
     device = target.device
@@ -1025,7 +1075,7 @@ def artefact_key(target) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": torch.get_num_threads(), **installed_versions(),
             "target": target.fingerprint(), "dtype": str(target.dtype).removeprefix("torch."),
-            "register_rows": register_block(device)}
+            "gemm_block": gemm_block(device)}
 
 
 PARTIAL_MAX_AGE_S = 3600  # a half-written package untouched this long, its writer gone, is dead weight

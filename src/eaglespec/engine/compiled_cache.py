@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ARTEFACT_SCHEME = 7  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention;
+ARTEFACT_SCHEME = 8  # bump when what a package holds changes (2: an untied LM head; 3: GQA attention;
 # 4: constants beside the .so, shared across packages; 5: on a CPU, a single-row step's GEMMs
 # are C++ templates; 6: so are those of steps up to 8 rows, in register blocks of 4 rows; 7: of 2
-# rows on Intel CPUs, the block part of the key)
+# rows on Intel CPUs, the block part of the key; 8: Intel CPUs prefetch the weights, key "gemm_block")
 MANIFEST = "eaglespec-compiled.json"
 SOFTWARE = ("torch", "transformers", "eaglespec")  # a folder made under other versions is never loaded
 NOTE_BYTES = 1 << 30  # stale folders above this size get a note when a new folder is made
