@@ -677,23 +677,55 @@ def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, 
     target.steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
     eager = tiny_target("llama", dtype=torch.float32)
     assert ids(EagleGenerator(target, random_head(target), "chain:3"), 8) == ids(EagleGenerator(eager, None), 8, speculative=False)
-    for kept in tmp_path.glob("step-1x*-f.pt2"):
-        code = _kernels(kept)
-        assert "micro_gemm" in code
+    kept = sorted(tmp_path.glob("step-1x*-f.pt2"))
+    assert kept
+    for package in kept:
+        code = _kernels(package)
         kernels = len(re.findall(r"inline void \w+_micro_gemm_kernel\(", code))  # one per GEMM of the step
-        assert kernels and code.count(f"__builtin_prefetch(B + (k + {prefetch}) * ldb + col * VLEN, 0, 2);") == (kernels if prefetch else 0)
+        assert kernels and code.count(compiled.prefetch_code(prefetch or 32).strip()) == (kernels if prefetch else 0)
         assert prefetch or "__builtin_prefetch" not in code
 
 
 def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
     import eaglespec.engine.target as target_module
 
+    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: (
         "processor\t: 0", "vendor_id\t: GenuineIntel", "model name\t: Some Xeon", "flags\t\t: fpu avx2 amx_bf16"))
     assert target_module.cpu_vendor() == "GenuineIntel" and compiled.cpu_gemm_block() == GemmBlock(4, 32)
     assert target_module.cpu_identity() == {"cpu": "Some Xeon", "flags": ["avx2", "amx_bf16"]}
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: ())  # not Linux: no vendor, the default block
     assert target_module.cpu_vendor() == "" and compiled.cpu_gemm_block() == compiled.CPU_GEMM_BLOCK_DEFAULT == GemmBlock(4)
+
+
+def test_an_intel_cpu_prefetches_only_with_avx512_kernels_and_a_template_that_takes_it(monkeypatch):
+    """The prefetch is measured with AVX-512 kernels only: an Intel CPU whose kernels are AVX2 builds
+    4-row blocks without it, and so does a torch whose micro-GEMM template lacks the line it follows;
+    a block asked for there is built, and keyed, without it."""
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._inductor.codegen import cpp_micro_gemm as micro
+
+    import eaglespec.engine.target as target_module
+
+    monkeypatch.setattr(target_module, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: False)
+    assert compiled.cpu_gemm_block() == GemmBlock(4)
+    monkeypatch.undo()
+    monkeypatch.setattr(target_module, "cpu_vendor", lambda: "GenuineIntel")
+    template = micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
+    monkeypatch.setattr(micro.CppMicroGemmFP32Vec, "TEMPLATE_KERNEL", template.replace(compiled._LOAD_B, ""))
+    compiled._prefetch_line.cache_clear()
+    compiled._avx512_prefetch.cache_clear()
+    try:
+        assert compiled._prefetch_line() is None and compiled.cpu_gemm_block() == GemmBlock(4)
+        with compiled._gemm_kernels("cpu", GemmBlock(2, 32)):
+            assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-r2-{compiled.ARTEFACT_SCHEME}"
+            assert "__builtin_prefetch" not in micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
+    finally:
+        monkeypatch.undo()
+        compiled._prefetch_line.cache_clear()
+        compiled._avx512_prefetch.cache_clear()
+    assert compiled._prefetch_line() is not None
 
 
 @pytest.mark.parametrize("vendor,block", [("AuthenticAMD", GemmBlock(4)), ("GenuineIntel", GemmBlock(4, 32)), ("", GemmBlock(4))])
@@ -707,6 +739,7 @@ def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_tem
     import eaglespec.engine.target as target_module
 
     monkeypatch.setattr(target_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
     assert compiled.cpu_gemm_block() == block
     rows = block.rows
     table = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
@@ -716,9 +749,9 @@ def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_tem
                for c in before)  # else the patch has nothing to change in this torch
     with compiled._gemm_kernels("cpu"):
         # inductor's graph cache keys on the block too (a custom pass's uuid is part of its key)
-        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-{block}"
+        assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-{block}-{compiled.ARTEFACT_SCHEME}"
         added = [line for line in micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL.split("\n") if line not in template.split("\n")]
-        assert added == (["            __builtin_prefetch(B + (k + 32) * ldb + col * VLEN, 0, 2);"] if block.prefetch else [])
+        assert added == ([compiled.prefetch_code(block.prefetch).rstrip("\n")] if block.prefetch else [])
         for was, now in zip(before, table, strict=True):
             if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
                 assert now.register_blocking == (min(was.register_blocking.block_m, rows), *was.register_blocking[1:])
@@ -728,10 +761,13 @@ def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_tem
     assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
     with compiled._gemm_kernels("cuda", GemmBlock(2, 32)):
         assert table == before and micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
-    with compiled._gemm_kernels("cpu", GemmBlock(2)), compiled._gemm_kernels("cpu", GemmBlock(2)):  # nested: no deadlock
+    with compiled._gemm_kernels("cpu", GemmBlock(2)), compiled._gemm_kernels("cpu", GemmBlock(3, 32)):
+        # nested: no deadlock, and the outer block holds (2 rows, no prefetch)
         assert max(c.register_blocking.block_m for c in table if c.vec_isa_cls is micro.VecAVX512
                    and c.input_dtype == torch.float32) == 2
-        assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template  # no prefetch asked
+        assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
+    with compiled._gemm_kernels("cpu", GemmBlock(2, 8)), compiled._gemm_kernels("cpu", GemmBlock(2, 8)):
+        assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL.count("__builtin_prefetch") == 1  # once, not twice
     assert table == before
 
 

@@ -42,19 +42,23 @@ def test_gemm_times_each_micro_gemm_block_and_row_count_and_compares_their_produ
 
 @pytest.mark.skipif(compiled.compiler_problem() is not None, reason="inductor's C++ backend cannot build here")
 def test_gemm_times_also_builds_max_autotunes_own_pick_among_all_backends():
-    """`--register-rows any`: the products as a step wider than CPU_TEMPLATE_ROWS is built
+    """`--blocks any`: the products as a step wider than CPU_TEMPLATE_ROWS is built
     (max-autotune over every backend), timed beside the templates; its sums may differ."""
     times, differ = gemm.gemm_times([16], [GemmBlock(4), gemm.ANY], products=2, shape=(32, 48), rounds=1, say=lambda _: None)
     assert set(times) == {(GemmBlock(4), 16), (gemm.ANY, 16)} and all(t > 0 for t in times.values())
     assert set(differ) == {16} and set(differ[16]) <= {gemm.ANY}
 
 
-def test_the_gemm_command_refuses_bad_options_in_one_line_before_building():
+def test_the_gemm_command_refuses_bad_options_in_one_line_before_building(monkeypatch):
     with pytest.raises(SystemExit, match="--blocks 'inductor,x': give 'inductor', 'any', a positive number of register rows"):
         gemm.main(["--register-rows", "inductor,x"])
     with pytest.raises(SystemExit, match="--blocks '2p': give"):
         gemm.main(["--blocks", "2p"])
     assert gemm._blocks("inductor,4,2p32,r4-p16,any") == [None, GemmBlock(4), GemmBlock(2, 32), GemmBlock(4, 16), gemm.ANY]
+    with monkeypatch.context() as m:  # a torch whose template takes no prefetch
+        m.setattr(compiled, "_prefetch_line", lambda: None)
+        with pytest.raises(SystemExit, match="--blocks '4,2p32': this torch's micro-GEMM template has no line"):
+            gemm.main(["--blocks", "4,2p32"])
     with pytest.raises(SystemExit, match="--rows '0,8' / --shape '576x1536': give positive numbers"):
         gemm.main(["--rows", "0,8"])
     with pytest.raises(SystemExit, match="--rounds 0 / --products 120: give at least 1"):

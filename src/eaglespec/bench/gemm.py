@@ -10,10 +10,10 @@ table; `any`: max-autotune's own pick among all its GEMM backends, oneDNN's incl
 wider than compiled.CPU_TEMPLATE_ROWS is built). All are then timed in shuffled interleaved
 rounds in one process (medians), so a machine shared with other work slows them alike. It
 measured the rules behind compiled.CPU_GEMM_BLOCKS (docs/benchmarks.md). Each package keeps its
-weights inside its .so: the defaults hold 16 x 425 MB in memory, and as much in a temporary
+weights inside its .so: the defaults hold 12 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
-    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--blocks inductor,4,2,2p32,any] [--rounds 9]
+    python -m eaglespec.bench.gemm [--rows 1,2,4,8] [--blocks inductor,4,4p32,2,any] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -100,13 +100,13 @@ def _name(block) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.compiled import compiler_problem
+    from ..engine.compiled import _prefetch_line, compiler_problem
     from ..pause import hold_machine
     from .roofline import machine_line
 
     p = argparse.ArgumentParser(prog="python -m eaglespec.bench.gemm", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,4,8", help="rows of each product (query tokens of a step)")
-    p.add_argument("--blocks", "--register-rows", dest="blocks", default="inductor,4,2,2p32,4p32",
+    p.add_argument("--blocks", "--register-rows", dest="blocks", default="inductor,4,4p32",
                    help="micro-GEMM blocks to compare: 'inductor' (its own kernels), the most rows a micro-kernel "
                    "holds (4), rows and how many k-rows of weights ahead it prefetches into L2 (2p32); 'any': "
                    "max-autotune's pick among all backends (oneDNN's included)")
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         blocks = list(dict.fromkeys(_blocks(args.blocks)))
     except EagleError as exc:
         raise SystemExit(str(exc))
+    if any(getattr(b, "prefetch", 0) for b in blocks) and _prefetch_line() is None:
+        raise SystemExit(f"--blocks {args.blocks!r}: this torch's micro-GEMM template has no line a prefetch can "
+                         "follow; give blocks without one, e.g. inductor,4,2")
     problem = compiler_problem()
     if problem is not None:
         raise SystemExit(f"inductor's C++ backend cannot build here: {problem}")

@@ -367,7 +367,7 @@ class _Attention:
 # caches, and picks oneDNN's packed product, which in a real step (the weights streamed from memory)
 # is slower. Measured side by side on the AVX-512 kind (docs/benchmarks.md): a vanilla step of
 # SmolLM2-135M took 19.3 and 24.0 ms with its oneDNN products, 15.0 and 18.5 ms with the templates;
-# an 8-token step (templates of 4 register rows, as AMD CPUs build them, below) 30.3 and 31.7 ms against 35.9 and 36.1 for
+# an 8-token step (templates of 4 register rows, below) 30.3 and 31.7 ms against 35.9 and 36.1 for
 # autotune's mix. Wider steps (batches) keep its own choice.
 CPU_TEMPLATE_ROWS = 8
 CPU_GEMM_BACKENDS = "CPP"
@@ -385,16 +385,17 @@ CPU_GEMM_BACKENDS = "CPP"
 # compares them bit for bit). AVX2's table (4 rows, and 8 x 8 where N divides by 8 only) is left
 # as it is.
 #
-# A product of more than one row costs more than a 1-row one, at the same bytes read, because the
-# core doing more arithmetic per byte keeps fewer loads in flight: the hardware prefetcher alone
-# does not hold the DRAM bandwidth. On the Intel AMX kind (family 6 model 167) a software prefetch
-# of the weights 32 k-rows ahead into L2 (prefetcht1, one per 64-byte vector of the panel) made a
-# 4-row block cheap again (docs/benchmarks.md, "Prefetching the weights"): whole steps of
-# SmolLM2-135M, one process, q = 1 / 2 / 4 / 8 tokens, 24.1 / 26.7 / 30.9 / 34.7 ms with 2-row
-# blocks and no prefetch, 22.5 / 23.4 / 25.9 / 31.0 with 2 rows and the prefetch, 22.6 / 22.8 /
-# 24.5 / 31.1 with 4 rows and the prefetch (8 rows: 33.0 at q = 8). A prefetch changes no
-# arithmetic. So Intel CPUs block 4 rows and prefetch (measured on that one Intel kind); the others
-# block 4 rows without it (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
+# A product of more than one row costs more than a 1-row one, at the same bytes read, most likely
+# because the core doing more arithmetic per byte keeps fewer loads in flight and the hardware
+# prefetcher alone does not hold the DRAM bandwidth (no counters on these machines to show it).
+# On the Intel AMX kind (family 6 model 167) a software prefetch of the weights 32 k-rows ahead
+# into L2 (prefetcht1, one per 64-byte vector of the panel) made a 4-row block cheap again
+# (docs/benchmarks.md, "Prefetching the weights"): whole steps of SmolLM2-135M, one process,
+# q = 1 / 2 / 4 / 8 tokens, 24.1 / 26.7 / 30.9 / 34.7 ms with 2-row blocks and no prefetch,
+# 22.5 / 23.4 / 25.9 / 31.0 with 2 rows and the prefetch, 22.6 / 22.8 / 24.5 / 31.1 with 4 rows
+# and the prefetch (8 rows: 33.0 at q = 8). A prefetch changes no arithmetic. So Intel CPUs block
+# 4 rows and prefetch where inductor builds AVX-512 kernels (measured on that one Intel kind); the
+# others block 4 rows without it (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
 # inductor's 8 in session 20; neither the prefetch nor 2 rows measured on AMD).
 
 
@@ -414,21 +415,23 @@ CPU_GEMM_BLOCK_DEFAULT = GemmBlock(4)
 
 
 def cpu_gemm_block() -> GemmBlock:
-    """The micro-GEMM block inductor's fp32 GEMMs are built with on this CPU (no prefetch where this
-    torch's micro-GEMM template cannot take one)."""
+    """The micro-GEMM block inductor's fp32 GEMMs are built with on this CPU; no prefetch where it
+    builds other than AVX-512 kernels (measured with those only) or this torch's micro-GEMM
+    template cannot take one."""
     from .target import cpu_vendor
 
     block = CPU_GEMM_BLOCKS.get(cpu_vendor(), CPU_GEMM_BLOCK_DEFAULT)
-    return block if _prefetch_line() is not None else dataclasses.replace(block, prefetch=0)
+    return block if not block.prefetch or _avx512_prefetch() else dataclasses.replace(block, prefetch=0)
 
 
 def gemm_block(device: torch.device) -> str | None:
     """What the compiled artefacts and cached measurements of a device key on for the GEMMs' micro-
-    kernels: cpu_gemm_block() on a CPU ("r2-p32"), None elsewhere."""
+    kernels: cpu_gemm_block() on a CPU ("r4-p32"), None elsewhere."""
     return str(cpu_gemm_block()) if device.type == "cpu" else None
 
 
-_MICRO = threading.RLock()  # one thread patches inductor's micro-GEMMs at a time; a nested use only yields
+_MICRO = threading.RLock()  # one thread patches inductor's micro-GEMMs at a time
+_HELD = threading.local()   # .block: the block this thread's outermost _gemm_kernels holds
 _LOAD_B = "            vb[col] = Vectorized::loadu(B + k * ldb + col * VLEN);\n"  # fp32 B, no tail
 
 
@@ -462,10 +465,31 @@ def _prefetch_line() -> str | None:
 
 
 @functools.cache
+def _avx512_prefetch() -> bool:
+    """Whether a block's prefetch takes effect here: inductor builds AVX-512 kernels on this CPU and
+    its table and template can be patched."""
+    from torch._inductor.cpu_vec_isa import VecAVX512, pick_vec_isa
+
+    return isinstance(pick_vec_isa(), VecAVX512) and _prefetch_line() is not None and _micro_gemm_table() is not None
+
+
+def prefetch_code(distance: int) -> str:
+    """The line a fp32 micro-GEMM kernel gets after each load of a vector of weights: a prefetch into
+    L2 (prefetcht1) of the vector `distance` k-rows ahead; a prefetch never faults, so one past the
+    panel's end is harmless."""
+    return f"            __builtin_prefetch(B + (k + {distance}) * ldb + col * VLEN, 0, 2);\n"
+
+
+@functools.cache
+def _with_prefetch(template: str, distance: int) -> str:
+    return template.replace(_LOAD_B, _LOAD_B + prefetch_code(distance))
+
+
+@functools.cache
 def _block_key(block: GemmBlock):
     """A post-grad pass that does nothing but put the micro-GEMM block in inductor's graph-cache key
     (its cache keys on its config, not on the micro-GEMM table or template): a graph cached with one
-    block is never served to a build with another."""
+    block, or under another artefact scheme, is never served to a build with another."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class Block(CustomGraphPass):
@@ -473,7 +497,7 @@ def _block_key(block: GemmBlock):
             pass
 
         def uuid(self):
-            return f"eaglespec-gemm-{block}"
+            return f"eaglespec-gemm-{block}-{ARTEFACT_SCHEME}"
 
     return Block()
 
@@ -484,15 +508,18 @@ def _gemm_kernels(device_type: str, block: GemmBlock | None = ...):
     block.rows rows, and its fp32 micro-GEMM kernels prefetch the weights block.prefetch k-rows
     ahead into L2 (default cpu_gemm_block(); patches of its table of micro-kernel shapes and of its
     kernel template, restored afterwards; None, or a torch without them: its own kernels). VecAMX's
-    own shapes (bf16, int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones."""
-    if device_type != "cpu" or block is None:
+    own shapes (bf16, int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones. A nested
+    use keeps the outer one's block."""
+    if device_type != "cpu" or block is None or getattr(_HELD, "block", None) is not None:
         yield
         return
-    block = cpu_gemm_block() if block is ... else block
     found = _micro_gemm_table()
     if found is None:
         yield
         return
+    block = cpu_gemm_block() if block is ... else block
+    if _prefetch_line() is None:  # the key names only what is built
+        block = dataclasses.replace(block, prefetch=0)
     configs, micro = found
     blocking = type(configs[0].register_blocking)
     kernel = micro.CppMicroGemmFP32Vec
@@ -506,12 +533,13 @@ def _gemm_kernels(device_type: str, block: GemmBlock | None = ...):
     with _MICRO, torch._inductor.config.patch(post_grad_custom_post_pass=_block_key(block)):
         saved, template = list(configs), kernel.TEMPLATE_KERNEL
         configs[:] = [fewer_rows(c) for c in configs]
-        if block.prefetch and _prefetch_line() is not None:
-            kernel.TEMPLATE_KERNEL = template.replace(_LOAD_B, _LOAD_B + (
-                f"            __builtin_prefetch(B + (k + {block.prefetch}) * ldb + col * VLEN, 0, 2);\n"))
+        if block.prefetch:
+            kernel.TEMPLATE_KERNEL = _with_prefetch(template, block.prefetch)
+        _HELD.block = block
         try:
             yield
         finally:
+            _HELD.block = None
             configs[:] = saved
             kernel.TEMPLATE_KERNEL = template
 

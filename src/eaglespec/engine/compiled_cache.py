@@ -4,7 +4,7 @@ Each folder under <cache>/compiled/ holds one target's packages for one machine 
 stack (compiled.artefact_key): a few hundred MB per graph, since a frozen graph carries its
 weights, so 3-9 GB for a target compiled at several shapes. A folder made under an older
 artefact scheme or another torch, transformers or eaglespec version is never loaded again (its key
-cannot match); a folder for another CPU, thread count, target, dtype or GEMM register block (its
+cannot match); a folder for another CPU, thread count, target, dtype or GEMM micro-kernel block (its
 CPU's choice) still can be, on that machine or with that model, and is kept.
 """
 

@@ -416,7 +416,7 @@ def cpu_identity() -> dict:
 
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), or "" where there is none
-    (a machine other than Linux: its compiled steps take the default register block)."""
+    (a machine other than Linux: its compiled steps take the default micro-GEMM block)."""
     return _cpuinfo("vendor_id")
 
 
