@@ -406,6 +406,12 @@ class GemmBlock:
     rows: int          # the most rows a micro-kernel holds in registers
     prefetch: int = 0  # how many k-rows of weights ahead each k-step prefetches into L2 (0: none)
 
+    def __post_init__(self):
+        if not (isinstance(self.rows, int) and self.rows >= 1):
+            raise ValueError(f"a micro-GEMM block holds 1 or more rows, got {self.rows!r}")
+        if not (isinstance(self.prefetch, int) and self.prefetch >= 0):
+            raise ValueError(f"a micro-GEMM prefetch distance is 0 (none) or more k-rows, got {self.prefetch!r}")
+
     def __str__(self) -> str:
         return f"r{self.rows}" + (f"-p{self.prefetch}" if self.prefetch else "")
 
@@ -716,7 +722,12 @@ class _Jit:
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
-        # does not reach the freezing pass): patched around the call, not set for the process
+        # does not reach the freezing pass): patched around the call, not set for the process. Every
+        # call, not only the first: dynamo reads that flag while it traces (builder.py marks the
+        # parameters static by it), and whether a call traces (a guard that fails) is known only
+        # inside it; a trace without the patches would build unfrozen graphs with other kernels.
+        # The cost, ~55 us a call on the AMX kind, is this path's only (EAGLESPEC_COMPILE_PACKAGES=
+        # off); a loaded package, the default, patches nothing per step.
         def run(backends):
             with torch._inductor.config.patch(_inductor_options(self.autotune, gemm_backends=backends)), \
                     _gemm_kernels(self.device_type, self.gemm_block), self.attention:
