@@ -5,7 +5,7 @@ import torch
 
 from eaglespec.core.sampling import logits_to_probs
 from eaglespec.core.tree import chain, static_tree
-from eaglespec.core.verify import Acceptance, verify_greedy, verify_sampling
+from eaglespec.core.verify import Acceptance, greedy_ids, verify_greedy, verify_sampling
 
 V = 8
 
@@ -61,6 +61,19 @@ def test_greedy_picks_the_longest_branch_and_the_first_among_ties():
         a, b = (verify_greedy(tokens, logits_with_argmax(argmax), r) for r in (retrieve, tree.buffers.paths))
         assert (a.path.tolist(), a.accepted_tokens.tolist(), a.next_token) == \
             (b.path.tolist(), b.accepted_tokens.tolist(), b.next_token)
+
+
+def test_greedy_ids_pick_as_argmax_does_the_first_among_ties():
+    """Decoding's greedy choice (max, faster than argmax on a CPU) is argmax's, ties included:
+    the first index of a row's largest logit, wherever the tied copies sit in a SmolLM2-sized row
+    (inside one vector, across vectors, at the row's ends)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 49152, generator=g)
+    for row, places in enumerate([(0, 1), (3, 40000), (17, 49151), (49150, 49151), (8, 24, 4096), (100,)]):
+        logits[row, list(places)] = 50.0
+    assert greedy_ids(logits).tolist() == logits.argmax(-1).tolist() == [0, 3, 17, 49150, 8, 100]
+    assert greedy_ids(logits[2]).item() == 17 and greedy_ids(logits[None]).shape == (1, 6)
+    assert greedy_ids(torch.zeros(3, 5)).tolist() == [0, 0, 0]
 
 
 def test_greedy_padding_never_matches():

@@ -32,7 +32,7 @@ from ..core.config import REPRODUCIBLE, SamplingParams
 from ..core.noise import DraftNoise, key64, perturbed_argmax
 from ..core.sampling import logits_to_probs, processed_scores, sample
 from ..core.tree import buffers_from_parents
-from ..core.verify import Acceptance, verify_chosen, verify_greedy, verify_sampling
+from ..core.verify import Acceptance, greedy_ids, verify_chosen, verify_greedy, verify_sampling
 from ..draft.drafter import Drafter, DraftTree
 from ..errors import EagleError
 from .target import TargetModel
@@ -267,7 +267,7 @@ class Batch:
 def _choose(logits: torch.Tensor, sampling: SamplingParams, seed: int, generator: torch.Generator, position: int) -> int:
     """The token after the prompt (at `position`), from the target alone. logits: [1, V]."""
     if sampling.greedy:
-        return int(logits[0].argmax())
+        return int(greedy_ids(logits[0]))
     if sampling.mode == REPRODUCIBLE:
         return perturbed_argmax(processed_scores(logits[0], sampling.temperature, sampling.top_k, sampling.top_p),
                                 seed, position)

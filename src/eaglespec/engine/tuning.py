@@ -25,6 +25,7 @@ import torch
 
 from ..core.config import parse_tree
 from ..core.tree import StaticTree, static_tree
+from ..core.verify import greedy_ids
 from ..draft.drafter import Drafter, scores_context
 from ..errors import EagleError, one_line
 from ..files import CACHE_ENV, atomic_write_bytes, cache_dir
@@ -86,7 +87,7 @@ def calibrate(gen, prompts: list[list[int]], max_new_tokens: int = 128, stop_tok
     def observe(dt, logits, acc):
         nonlocal steps
         steps += 1
-        choice = logits.argmax(-1).tolist()
+        choice = greedy_ids(logits).tolist()
         parents, tokens = dt.buffers.parents.tolist(), dt.tokens.tolist()
         accepted = set(acc.path.tolist())
         for node in range(1, len(tokens)):
