@@ -1070,10 +1070,11 @@ def test_a_second_warm_up_without_vanilla_runs_only_drafting():
     assert runs.count(True) == drafting and runs.count(False) == drafting  # a vanilla run beside each tree's
 
 
-@pytest.mark.parametrize("rows,prefetch", [(0, 0), (-4, 0), (4, -32), (2.5, 0), (4, "32")])
-def test_a_micro_gemm_block_refuses_what_no_kernel_can_be(rows, prefetch):
-    """A block of no rows, a negative prefetch distance or a non-integer field names the problem at
-    once, not inside inductor's generated C++."""
-    with pytest.raises(ValueError, match="micro-GEMM"):
+@pytest.mark.parametrize("rows,prefetch,field", [(0, 0, "rows"), (-4, 0, "rows"), (2.5, 0, "rows"), (True, 0, "rows"),
+                                                  (4, -32, "prefetch"), (4, "32", "prefetch"), (4, True, "prefetch")])
+def test_a_micro_gemm_block_refuses_what_no_kernel_can_be(rows, prefetch, field):
+    """A block of no rows, a negative prefetch distance or a field that is not an int (a bool would
+    key its artefacts as "rTrue") names the problem at once, not inside inductor's generated C++."""
+    with pytest.raises(ValueError, match=f"micro-GEMM block's {field}"):
         GemmBlock(rows, prefetch)
     assert str(GemmBlock(2, 16)) == "r2-p16" and str(GemmBlock(1)) == "r1"

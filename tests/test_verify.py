@@ -74,6 +74,11 @@ def test_greedy_ids_pick_as_argmax_does_the_first_among_ties():
     assert greedy_ids(logits).tolist() == logits.argmax(-1).tolist() == [0, 3, 17, 49150, 8, 100]
     assert greedy_ids(logits[2]).item() == 17 and greedy_ids(logits[None]).shape == (1, 6)
     assert greedy_ids(torch.zeros(3, 5)).tolist() == [0, 0, 0]
+    # bf16 rounding makes many ties; NaN (first one) and infinities as argmax has them
+    odd = torch.tensor([[1.0, math.nan, 2.0, math.nan], [-math.inf] * 4, [0.0, math.inf, 1.0, math.inf], [-0.0, 0.0, -1.0, 0.0]])
+    for x in (logits.bfloat16(), odd, odd.bfloat16()):
+        assert greedy_ids(x).tolist() == x.argmax(-1).tolist()
+    assert greedy_ids(odd).tolist() == [1, 0, 1, 0]
 
 
 def test_greedy_padding_never_matches():

@@ -407,10 +407,12 @@ class GemmBlock:
     prefetch: int = 0  # how many k-rows of weights ahead each k-step prefetches into L2 (0: none)
 
     def __post_init__(self):
-        if not (isinstance(self.rows, int) and self.rows >= 1):
-            raise ValueError(f"a micro-GEMM block holds 1 or more rows, got {self.rows!r}")
-        if not (isinstance(self.prefetch, int) and self.prefetch >= 0):
-            raise ValueError(f"a micro-GEMM prefetch distance is 0 (none) or more k-rows, got {self.prefetch!r}")
+        # type(x) is int: a bool (or numpy integer) would pass isinstance and print apart ("rTrue") in keys
+        if not (type(self.rows) is int and self.rows >= 1):
+            raise ValueError(f"a micro-GEMM block's rows are a whole number (int), 1 or more, got {self.rows!r}")
+        if not (type(self.prefetch) is int and self.prefetch >= 0):
+            raise ValueError(f"a micro-GEMM block's prefetch is a whole number (int) of k-rows, 0 (none) or more, "
+                             f"got {self.prefetch!r}")
 
     def __str__(self) -> str:
         return f"r{self.rows}" + (f"-p{self.prefetch}" if self.prefetch else "")
