@@ -170,6 +170,7 @@ def test_the_second_tuning_reads_the_cached_cost_curve(tmp_path, monkeypatch):
     # (a curve measured once on a busy machine may predict drafting to lose: that note aside)
     lines = [line for line in second.describe().splitlines() if not line.startswith("note: even the best tree")]
     assert len(lines) <= 3 and lines[0].startswith("auto tree:") and "cached at" in lines[1]
+    assert f"predicted tau {second.predicted_tau:.2f} (at the head's calibrated acceptance" in lines[0]
     # other trees (a head tuned again: new acceptance) are not in the cache: they are measured
     with pytest.raises(AssertionError, match="measured again"):
         tune(gen, AcceptanceStats(tuple((0.2, 0.9) for _ in range(3)), steps=1), sizes=(1, 2, 4), reps=1, cache=tmp_path)

@@ -444,7 +444,8 @@ class TunedTree:
         else:
             how = (f"nodes the draft gives less than {floor:.2f} are not verified" if floor > 0
                    else "the whole tree every step (--draft-floor 0)")
-        text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} for a step "
+        text = (f"auto tree: {n} draft nodes, depth {self.tree.depth}, predicted tau {self.predicted_tau:.2f} (at the head's "
+                "calibrated acceptance: a prompt's own differs, and the adaptive policy follows it) for a step "
                 f"costing {(draft + verify) / self.vanilla:.2f}x a vanilla step: predicted speedup "
                 f"{self.predicted_speedup:.2f}x; paths {paths}; {how}")
         if self.by_batch:
