@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from ..core.verify import greedy_ids
+
 
 @dataclass
 class HeadInputs:
@@ -97,7 +99,7 @@ def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
         p = target_logits.softmax(-1)
     draft_logits = _logits(lm_head, pred)      # [N, V]
     token_loss = _per_sequence_sum(-(p * draft_logits.log_softmax(-1)).sum(-1), rows, batch)
-    correct = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
+    correct = int((greedy_ids(draft_logits) == greedy_ids(target_logits)).sum())  # max: argmax's index, ~4x cheaper
     loss = feature_weight * feature_loss + token_weight * token_loss
     return LossParts(loss, feature_loss.detach(), token_loss.detach(), correct, n)
 
@@ -112,11 +114,11 @@ def rollout_correct(head, inputs: HeadInputs, lm_head, depths: int) -> list[int]
     context is the head's own features too, a little harsher than inference, where the context
     before the draft holds real features. Position 0 keeps the real f[0] (no earlier prediction)."""
     mask = inputs.mask
-    wanted = _logits(lm_head, inputs.target[mask]).argmax(-1)  # [N]
+    wanted = greedy_ids(_logits(lm_head, inputs.target[mask]))  # [N]
     features, hits = inputs.features, []
     for _ in range(depths):
         predicted = head(inputs.embeds, features)  # [1, T-1, H]
-        hits.append(int((_logits(lm_head, predicted[mask]).argmax(-1) == wanted).sum()))
+        hits.append(int((greedy_ids(_logits(lm_head, predicted[mask])) == wanted).sum()))
         features = torch.cat([inputs.features[:, :1], predicted[:, :-1].to(features.dtype)], dim=1)
     return hits
 
@@ -151,7 +153,7 @@ def ttt_loss(head, inputs: HeadInputs, target_lm, steps: int, decay: float,
         p_logits = _logits(target_lm, inputs.target)  # [B, T-1, Vd]
         p = p_logits.softmax(-1)
         if wanted is None:
-            wanted = head.target_ids()[p_logits.argmax(-1)]
+            wanted = head.target_ids()[greedy_ids(p_logits)]
         wanted = wanted.reshape(batch, n)
     hidden = head.encode(inputs.features)
     keys, values = [], []
@@ -172,7 +174,7 @@ def ttt_loss(head, inputs: HeadInputs, target_lm, steps: int, decay: float,
         ce = _per_sequence_sum(-(p[rows, cols + k] * logq).sum(-1), rows, batch)
         total = total + decay ** k * ce
         parts.step_loss.append(float(ce.detach()))
-        parts.correct.append(int((ids[logq.argmax(-1)] == wanted[rows, cols + k]).sum()))
+        parts.correct.append(int((ids[greedy_ids(logq)] == wanted[rows, cols + k]).sum()))
         parts.positions.append(int(cols.numel()))
     parts.loss, parts.token_loss = total, total.detach()
     return parts

@@ -43,6 +43,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from ..core.verify import greedy_ids
 from ..draft import vocab
 from ..draft.contract import CONFIG, WEIGHTS, read_extra
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
@@ -328,7 +329,7 @@ class Trainer:
         with self.autocast():
             if self.head.predicts_features:
                 return [(h, positions) for h in rollout_correct(self.head, inputs, self.lm_head, c.eval_depths)]
-            wanted = self.target.lm_head(inputs.target.to(self.target.dtype)).argmax(-1)
+            wanted = greedy_ids(self.target.lm_head(inputs.target.to(self.target.dtype)))
             parts = ttt_loss(self.head, inputs, self.lm_head, max(c.eval_depths, c.ttt_steps), c.ttt_decay, wanted)
             return list(zip(parts.correct, parts.positions))
 
