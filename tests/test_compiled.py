@@ -535,6 +535,23 @@ def test_a_head_in_another_dtype_than_the_target_has_its_own_packages():
 
 
 @needs_cxx
+def test_a_bf16_draft_head_on_the_compiled_steps_changes_no_output():
+    """--draft-dtype bfloat16 on compiled steps: the head's step and the draft's scores run as bf16
+    graphs of their own, and EAGLE's ids stay eager vanilla's (a reduced vocabulary and its
+    context tokens included)."""
+    reference = ids(EagleGenerator(tiny_target("llama"), None), speculative=False)
+    target = compiled_target("llama")
+    torch.manual_seed(1)
+    gen = EagleGenerator(target, EagleHead(target.config).to(target.dtype), "chain:3", draft_vocab=torch.arange(16))
+    gen.use_draft_dtype("bfloat16")
+    assert ids(gen) == reference
+    (drafter,) = gen._drafters.values()
+    assert isinstance(drafter.steps, compiled.CompiledHeadSteps) and drafter.steps.tag.endswith("-bfloat16")
+    assert any(key[3].endswith("-bfloat16") for key in target.steps._runners if isinstance(key[3], str)
+               and key[3].startswith("d"))  # the draft's scores: a bf16 graph too
+
+
+@needs_cxx
 def test_packages_share_their_constants(tmp_path):
     """Packages keep their constants beside the .so (SharedConstants): a constant that names one of
     the module's tensors is that tensor, and the weights inductor laid out again for its GEMMs are

@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..errors import EagleError
-from .options import (DEFAULT_PROMPT, add_compile_arg, add_draft_vocab_args, add_model_args, add_sampling_args, check_counts, check_model_args,
+from .options import (DEFAULT_PROMPT, add_compile_arg, add_draft_dtype_arg, add_draft_vocab_args, add_model_args, add_sampling_args, check_counts, check_model_args,
                       load_generator, sampling_mode)
 
 
@@ -180,6 +180,7 @@ def cmd_tune(args) -> int:
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
+    print(f"[eaglespec] {gen.use_draft_dtype(getattr(args, 'draft_dtype', 'auto'))}", file=sys.stderr)  # as decoding will draft
     reps = COST_REPS if args.reps is None else args.reps
     tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(),
                  retune=True)  # what later starts with --tree auto read
@@ -221,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: the rounds --tree auto measures with, tuning.COST_REPS)")
     t.add_argument("--recount", action="store_true", help="recount the draft vocabulary even if the head has one")
     add_compile_arg(t)
+    add_draft_dtype_arg(t)
     t.set_defaults(func=cmd_tune, holds_machine=True)
 
     c = sub.add_parser("compile", help="build the compiled decoding steps ahead of time (kept on disk for later starts)")

@@ -56,6 +56,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the target's and head's dtype; auto (default): the fastest whose tree verification is "
                         "exact on this machine (measured once, cached), float32 otherwise; the choice is printed")
+    add_draft_dtype_arg(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
                    help="int8: weight-only int8 target (the verifier is the quantized model; EAGLE equals its "
                         "vanilla decoding); int8-dynamic is refused (not batch-invariant)")
@@ -63,6 +64,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-inexact", action="store_true",
                    help="let --tree auto use tree sizes whose verification differs from one-token decoding by more "
                         "than fp32 summation order: lossless up to floating-point rounding, as GPU engines")
+
+
+def add_draft_dtype_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the draft head's dtype; auto (default): bfloat16 for a float32 target on a CPU with AMX "
+                        "when the steps are compiled (faster drafting there), else the target's. The head only "
+                        "proposes tokens: no choice changes an output")
 
 
 def add_compile_arg(p: argparse.ArgumentParser) -> None:
@@ -149,7 +157,8 @@ def load_generator(args, max_batch: int = 1):
                                          allow_inexact=args.allow_inexact, compile=args.compile,
                                          draft_floor=getattr(args, "draft_floor", None),
                                          draft_vocab_size=args.draft_vocab or None,  # 0: the whole vocabulary
-                                         context_vocab=getattr(args, "draft_context", True))
+                                         context_vocab=getattr(args, "draft_context", True),
+                                         draft_dtype=getattr(args, "draft_dtype", "auto"))
     print(f"[eaglespec] decoding step: {gen.compile_note}", file=sys.stderr)
     if gen.numerics_note:
         print(f"[eaglespec] {gen.numerics_note}", file=sys.stderr)
@@ -161,7 +170,8 @@ def load_generator(args, max_batch: int = 1):
             from ..interop.formats import detect_format
 
             where += f" (format: {detect_format(gen.head_dir)})"
-        print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}", file=sys.stderr)
+        print(f"[eaglespec] head: {gen.head.kind.replace('eagle', 'EAGLE-')}{where}; {gen.draft_dtype_note}",
+              file=sys.stderr)
     if gen.tuned is not None:
         print(gen.tuned.describe(gen.floor_for(gen.tuned.tree), gen.rerank_for(gen.tuned.tree)), file=sys.stderr)
     return gen

@@ -66,6 +66,14 @@ class DraftLM:
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.target_ids is None else self.target_ids[ids]
 
+    def to(self, dtype: torch.dtype) -> "DraftLM":
+        """This layer with its matrix and bias in `dtype` (a copy; itself when they are in it
+        already): a head run in another dtype than the target's scores in its own."""
+        if self.weight.dtype == dtype:
+            return self
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return DraftLM(self.norm, self.weight.to(dtype), bias, self.target_ids)
+
 
 def rope_fields(cfg: dict) -> dict:
     """RoPE in every spelling a head's readers look for, from whichever one `cfg` has:

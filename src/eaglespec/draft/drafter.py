@@ -89,8 +89,9 @@ class _Context:
         every draft id) for the ids so far."""
         if self._built is None or self._built[0] != len(self.ids):
             ids = torch.tensor(self.ids, dtype=torch.long, device=full_w.device)
-            w = torch.cat([lm.weight[:1], full_w[ids]])
-            b = None if full_b is None else torch.cat([lm.bias[:1], full_b[ids]])
+            # scored in the target LM head's dtype (draft id 0's row too: the head's may be bf16)
+            w = torch.cat([lm.weight[:1].to(full_w.dtype), full_w[ids]])
+            b = None if full_b is None else torch.cat([lm.bias[:1].to(full_b.dtype), full_b[ids]])
             self._built = (len(self.ids), ids, w, b, torch.cat([lm.target_ids.to(ids.device), ids]))
         return self._built[1:]
 
@@ -159,7 +160,7 @@ class EagerHeadSteps:
 
     def forward(self, rows: RowCache, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:
         """See Drafter._head; appends M slots to the head cache. pad_to: for compiled steps only."""
-        embeds = self.target.embed_tokens(tokens.to(self.target.device))
+        embeds = self.target.embed_tokens(tokens.to(self.target.device)).to(self.dtype)
         m = tokens.shape[1]
         real = rows.valid(base, block.device)[:, None, :].expand(-1, m, -1)
         mask = additive_mask(torch.cat([real, block], dim=2), self.dtype)
@@ -196,14 +197,14 @@ class Drafter:
         self.target = target
         self.tree = tree
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
-        self.lm = head.draft_lm(target, draft_vocab)
+        self.dtype = next(head.parameters()).dtype
+        self.lm = head.draft_lm(target, draft_vocab).to(self.dtype)  # an EAGLE-1 head's is the target's
         self.context_vocab = scores_context(head, draft_vocab, context_vocab)
         if self.context_vocab:
             in_main = torch.zeros(target.vocab_size, dtype=torch.bool)
             in_main[self.lm.target_ids.cpu()] = True
             self._in_main = in_main.tolist()
             self._full = (target.lm_head.weight, target.lm_head.bias)
-        self.dtype = next(head.parameters()).dtype
         self.steps = target.steps.head_steps(head)  # the head's forward: eager or compiled, as the target's
         if isinstance(tree, StaticTree):
             self.max_nodes = tree.num_nodes
@@ -233,7 +234,8 @@ class Drafter:
         the head's backend; compiled: one graph per shape bucket), and with context_vocab over it
         and each row's context tokens outside it (padded per row with q = -inf), renormalised over
         the two: the vocabulary's normaliser comes back from draft id 0's raw score, computed here
-        beside the context rows'."""
+        beside the context rows' (to within the rounding of one logit when the head runs in bf16:
+        the proposals are point masses, so q only ranks them and never changes an output)."""
         q = self.steps.logprobs(self.lm, out)
         if not self.context_vocab or not any(c.ids for c in state.context):
             return q, None

@@ -11,6 +11,7 @@ entries and features are kept, and the target's next token (bonus or recovered) 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import time
 import warnings
@@ -30,7 +31,7 @@ from ..draft.vocab import DEFAULT_SIZE as DEFAULT_DRAFT_VOCAB
 from ..draft.vocab import load_draft_vocab
 from ..errors import EagleError
 from .batch import Batch, StepOutput, StepStats
-from .target import TargetModel, check_device, default_dtype, load_target
+from .target import TargetModel, check_device, cpu_identity, default_dtype, load_target
 from .tuning import STATS_FILE, AdaptiveTree, rerank_top_k
 
 INEXACT_TREES = ("its trees may verify tokens whose logits differ from one-token decoding by more than fp32 "
@@ -79,6 +80,24 @@ def _verified_tokens(tree) -> int | None:
     return tree.total_tokens + 1 if isinstance(tree, DynamicTreeSpec) else tree.num_nodes
 
 
+DRAFT_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def draft_dtype_for(choice: str, target: TargetModel) -> tuple[torch.dtype, str]:
+    """The draft head's dtype -> (dtype, why). 'float32' | 'bfloat16': that one. 'auto': bf16 where
+    the target runs fp32 on a CPU with AMX through the compiled steps (inductor's AMX bf16 GEMMs
+    drafted a round in 3.6 against 4.6 ms on the AMX kind, docs/benchmarks.md), else the target's
+    own (on an AVX512-BF16 CPU without AMX the bf16 head drafted slower). The head only proposes
+    tokens: verification is exact whatever it runs in, so this choice is about speed alone."""
+    if choice != "auto":
+        return (torch.float32 if choice == "float32" else torch.bfloat16), "asked for"
+    if target.device.type != "cpu" or target.dtype != torch.float32 or not target.steps.builds_steps:
+        return target.dtype, "the target's; auto picks bf16 only for an fp32 target on compiled CPU steps"
+    if "amx_bf16" not in cpu_identity()["flags"]:
+        return target.dtype, "the target's; auto picks bf16 only on a CPU with AMX"
+    return torch.bfloat16, "auto: AMX bf16 GEMMs draft faster here; the head only proposes, outputs are unchanged"
+
+
 class EagleGenerator:
     """Owns a target, an optional EAGLE head and a tree; generates one request at a time."""
 
@@ -112,6 +131,23 @@ class EagleGenerator:
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
+        self._head_source = head  # in the dtype it came in: use_draft_dtype casts copies of it
+        self.draft_dtype_note = ""  # the head's dtype, when use_draft_dtype chose one, and why
+
+    def use_draft_dtype(self, choice: str = "auto") -> str:
+        """Run the head in the dtype `choice` asks for (`draft_dtype_for`, on the target's steps as
+        they are now): a copy of the head as it came in, cast, and the drafters built again. The
+        head only proposes tokens, so this never changes an output. -> what was chosen and why."""
+        if choice not in DRAFT_DTYPES:
+            raise EagleError(f"draft dtype {choice!r}: choose one of {', '.join(DRAFT_DTYPES)}")
+        if self._head_source is None:
+            return ""
+        dtype, why = draft_dtype_for(choice, self.target)
+        source = self._head_source
+        self.head = source if next(source.parameters()).dtype == dtype else copy.deepcopy(source).to(dtype)
+        self._drafters = {}
+        self.draft_dtype_note = f"draft head in {str(dtype).removeprefix('torch.')} ({why})"
+        return self.draft_dtype_note
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, head: str | None = "default", tree="eagle1",
@@ -119,7 +155,8 @@ class EagleGenerator:
                         draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB, retune: bool = False,
                         max_batch: int = 1, quantize: str | None = None,
                         allow_inexact: bool = False, compile: str | None = None,
-                        draft_floor: float | None = None, context_vocab: bool = True) -> "EagleGenerator":
+                        draft_floor: float | None = None, context_vocab: bool = True,
+                        draft_dtype: str = "auto") -> "EagleGenerator":
         """target: HF directory, .gguf file or None (default SmolLM2). head: a head directory (EAGLE-1
         or EAGLE-3), the name of a shipped head, 'default' (the head shipped for this target, else a
         freshly initialised one), or None (vanilla decoding). draft_vocab_size: how many of an EAGLE-1
@@ -137,12 +174,15 @@ class EagleGenerator:
         starts: compiled.CompileFailed), 'on', 'off' (eager kernels), or None: the
         EAGLESPEC_COMPILE environment variable, else 'auto' (compiled.py; said in gen.compile_note).
         draft_floor: a lone sequence's confidence floor in [0, 1) (draft/drafter.py; `floor_for`), or
-        None: the tuned one with tree='auto', 0 (the whole tree) otherwise.
+        None: the tuned one with tree='auto', 0 (the whole tree) otherwise. draft_dtype: the head's
+        dtype, 'auto' | 'float32' | 'bfloat16' (`draft_dtype_for`; said in gen.draft_dtype_note).
 
         The device, the tree and the head's own files are checked before the target loads (which
         can take minutes); what needs the target (sizes, layers, vocabulary) is checked after."""
         if draft_floor is not None and not 0 <= draft_floor < 1:
             raise EagleError(f"draft_floor={draft_floor}: give a probability in [0, 1) (0 drafts the whole tree every step)")
+        if draft_dtype not in DRAFT_DTYPES:
+            raise EagleError(f"draft_dtype={draft_dtype!r}: choose one of {', '.join(DRAFT_DTYPES)}")
         from ..draft.heads import inspect_head
         from ..draft.shipped import default_head_dir, head_dir_for
         from ..draft.vocab import check_draft_vocab
@@ -217,6 +257,7 @@ class EagleGenerator:
                 gen.inexact_trees = allow_inexact
                 gen.draft_floor = draft_floor
                 gen.context_vocab = context_vocab
+                gen.use_draft_dtype(draft_dtype)  # before tuning: the cost curve times this head
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             if model is not None and tree == "auto":
                 limit = None if allow_inexact or numerics is None else numerics.tree_limit()

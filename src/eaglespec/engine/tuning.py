@@ -240,8 +240,9 @@ def retune_requested() -> bool:
 
 
 def _head_architecture(gen) -> str:
-    """What a draft step's cost depends on: the kind, every parameter's shape and the draft
-    vocabulary's size; not the weights' values (a retrained head costs the same per step)."""
+    """What a draft step's cost depends on: the kind, every parameter's shape, the draft
+    vocabulary's size and the head's dtype where it is not the target's; not the weights' values
+    (a retrained head costs the same per step)."""
     import hashlib
 
     h = hashlib.sha256(gen.head.kind.encode())
@@ -250,6 +251,9 @@ def _head_architecture(gen) -> str:
     h.update(f"draft_vocab:{None if gen.draft_vocab is None else gen.draft_vocab.numel()}".encode())
     if scores_context(gen.head, gen.draft_vocab, gen.context_vocab):
         h.update(b"context")  # the context tokens' rows: a little more work a level
+    dtype = next(gen.head.parameters()).dtype
+    if dtype != gen.target.dtype:  # a head run in its own dtype (use_draft_dtype) drafts at its own speed
+        h.update(f"dtype:{dtype}".encode())
     return f"{gen.head.kind}-{h.hexdigest()[:16]}"
 
 

@@ -1,0 +1,89 @@
+"""The draft head in another dtype than the target's (--draft-dtype): when auto picks bf16, that a
+bf16 head changes no output (greedy and reproducible sampling, with a reduced vocabulary and its
+context tokens), and that its cost curve is keyed apart."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import tiny_target
+from test_decoding import PROMPT, assert_same_or_tie, random_head
+
+from eaglespec.engine import decoding
+from eaglespec.engine.decoding import EagleGenerator, draft_dtype_for
+from eaglespec.errors import EagleError
+
+
+def fake_target(device="cpu", dtype=torch.float32, compiled=True):
+    return SimpleNamespace(device=torch.device(device), dtype=dtype, steps=SimpleNamespace(builds_steps=compiled))
+
+
+@pytest.mark.parametrize("flags, target, want", [
+    (["avx512f", "avx512_bf16", "amx_bf16"], fake_target(), torch.bfloat16),
+    (["avx512f", "avx512_bf16"], fake_target(), torch.float32),  # no AMX: the bf16 head drafted slower there
+    (["avx512f", "avx512_bf16", "amx_bf16"], fake_target(compiled=False), torch.float32),  # eager steps
+    (["avx512f", "avx512_bf16", "amx_bf16"], fake_target(dtype=torch.bfloat16), torch.bfloat16),  # the target's own
+    (["avx512f", "avx512_bf16", "amx_bf16"], fake_target(dtype=torch.float64), torch.float64),
+])
+def test_auto_picks_bf16_only_for_an_fp32_target_compiled_on_amx(monkeypatch, flags, target, want):
+    monkeypatch.setattr(decoding, "cpu_identity", lambda: {"cpu": "test", "flags": flags})
+    dtype, why = draft_dtype_for("auto", target)
+    assert dtype == want and why
+    assert draft_dtype_for("float32", target)[0] == torch.float32  # asked for: whatever the machine
+    assert draft_dtype_for("bfloat16", fake_target(compiled=False))[0] == torch.bfloat16
+
+
+def test_a_bf16_head_changes_no_output_and_casts_copies_of_the_head():
+    target = tiny_target("llama")
+    head = random_head(target)
+    gen = EagleGenerator(target, head, "eagle1", draft_vocab=torch.arange(16))  # context tokens scored too
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=40, speculative=False, stop_token_ids=set())
+    seeded = gen.generate(input_ids=PROMPT, max_new_tokens=40, speculative=False, stop_token_ids=set(),
+                          seed=3, temperature=1.0)
+    note = gen.use_draft_dtype("bfloat16")
+    assert "bfloat16" in note and gen.draft_dtype_note == note
+    assert next(gen.head.parameters()).dtype == torch.bfloat16 and gen.head is not head
+    assert next(head.parameters()).dtype == target.dtype  # the source is untouched
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=40, stop_token_ids=set())
+    drafted = [s.tree_size for s in eagle.steps]
+    (drafter,) = gen._drafters.values()
+    assert drafter.lm.weight.dtype == torch.bfloat16 and drafter.context_vocab
+    assert max(drafted) > 1  # it drafted
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+    again = gen.generate(input_ids=PROMPT, max_new_tokens=40, stop_token_ids=set(), seed=3, temperature=1.0)
+    assert again.token_ids == seeded.token_ids  # reproducible sampling: the seeded vanilla sample itself
+    assert gen.generate(input_ids=PROMPT, max_new_tokens=20, stop_token_ids=set(), temperature=1.0,
+                        sampling_mode="speculative").token_ids  # multi-round speculative sampling runs on it
+    gen.use_draft_dtype("auto")  # eager steps: the target's dtype
+    assert gen.head is head and not gen._drafters  # back to the head as it came, drafters rebuilt
+    with pytest.raises(EagleError, match="draft dtype 'float16'"):
+        gen.use_draft_dtype("float16")
+
+
+def test_the_cost_curve_of_a_bf16_head_is_keyed_apart():
+    from eaglespec.engine.tuning import cost_key
+
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, random_head(target), "eagle1")
+    same = cost_key(gen)
+    gen.use_draft_dtype("auto")
+    assert cost_key(gen) == same
+    gen.use_draft_dtype("bfloat16")
+    assert cost_key(gen)["head"] != same["head"]
+
+
+def test_a_bad_draft_dtype_is_refused_before_loading():
+    with pytest.raises(EagleError, match="draft_dtype='float16'"):
+        EagleGenerator.from_pretrained(None, head=None, draft_dtype="float16")
+
+
+def test_the_cli_takes_draft_dtype():
+    from eaglespec.cli.commands import build_parser
+
+    parser = build_parser()
+    for command in (["generate"], ["tune", "--head", "h"], ["bench"], ["serve"], ["certify"]):
+        args = parser.parse_args(command + ["--draft-dtype", "bfloat16"])
+        assert args.draft_dtype == "bfloat16"
+        assert parser.parse_args(command).draft_dtype == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--draft-dtype", "int4"])
