@@ -120,6 +120,7 @@ def test_a_healthy_generator_passes(tmp_path):
     assert md.startswith("# eaglespec certify: PASS") and f"p < {cf.ALPHA:g} / 2" in md
     assert saved["meta"]["steps"] == gen.target.steps.name == "eager"  # the report names the path it certified
     assert "(float64, cpu, eager decoding step)" in md.splitlines()[2]
+    assert "(in-process, no directory) in float64" in md.splitlines()[2]  # and the head's dtype (--draft-dtype)
 
 
 def test_invariance_covers_every_tree_size_by_default():
