@@ -355,6 +355,12 @@ def test_resume_refuses_other_settings(gen, tmp_path):
             _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1)
     finally:
         gen.draft_vocab = before
+    gen.use_draft_dtype("bfloat16")  # the head in another dtype: other speeds
+    try:
+        with pytest.raises(EagleError, match="draft_dtype differ.*another --out"):
+            _execute(gen, methods, tmp_path, plots=False, warmup=False, turns=1)
+    finally:
+        gen.use_draft_dtype("auto")
     (tmp_path / Journal.NAME).write_text('{"settings"')  # killed while writing its first line: a new run
     assert _execute(gen, methods, tmp_path, plots=False, warmup=False) == 0
     (tmp_path / Journal.NAME).write_text("not json\n")

@@ -87,3 +87,76 @@ def test_the_cli_takes_draft_dtype():
         assert parser.parse_args(command).draft_dtype == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--draft-dtype", "int4"])
+
+
+def test_the_cast_copy_keeps_rope_in_its_dtype_and_drafts_as_the_full_precision_head_does():
+    """Only the parameters are cast: RoPE's frequencies stay (a bf16 inv_freq would shift every
+    relative angle by its rounding times the distance). The bf16 head's draft is the fp32 head's
+    within bf16 rounding: the same top-1 at most positions and log q close, teacher-forced over a prompt."""
+    target = tiny_target("llama")
+    head = random_head(target)
+    gen = EagleGenerator(target, head, "eagle1")
+    gen.use_draft_dtype("bfloat16")
+    buffers = dict(gen.head.named_buffers())
+    assert buffers and all(b.dtype == dict(head.named_buffers())[n].dtype for n, b in buffers.items())
+    feats = target.forward(torch.tensor([PROMPT]), target.new_cache())[0]
+    embeds = target.embed_tokens(torch.tensor([PROMPT[1:] + [7]]))
+    logq = {}
+    for name, h in (("full", head), ("bf16", gen.head)):
+        dtype = next(h.parameters()).dtype
+        out = h(embeds.to(dtype), feats[None].to(dtype))
+        logq[name] = torch.log_softmax((out.float() @ target.lm_head.weight.float().T), dim=-1)
+    same = (logq["full"].argmax(-1) == logq["bf16"].argmax(-1)).float().mean()
+    assert same >= 0.8 and (logq["full"] - logq["bf16"]).abs().max() < 0.5
+
+
+def test_one_draft_lm_head_serves_every_drafter_and_a_new_head_is_cast_in_turn():
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, random_head(target), "eagle1", draft_vocab=torch.arange(16))
+    gen.use_draft_dtype("bfloat16")
+    for tree in ("eagle1", "chain:2"):
+        gen.generate(input_ids=PROMPT, max_new_tokens=6, stop_token_ids=set(), tree=tree)
+    lms = {id(d.lm) for d in gen._drafters.values()}
+    assert len(gen._drafters) == 2 and len(lms) == 1 and gen.draft_lm().weight.dtype == torch.bfloat16
+    other = random_head(target, seed=2)
+    gen.head = other  # a new head: drafted as given, until cast in turn
+    assert gen.head is other and gen.given_head is other and not gen._drafters
+    gen.use_draft_dtype("bfloat16")
+    assert next(gen.head.parameters()).dtype == torch.bfloat16 and gen.given_head is other
+
+
+def test_a_bf16_eagle3_head_and_a_bf16_batch_change_no_output():
+    from test_eagle3 import eagle3_head
+
+    target = tiny_target("llama")
+    gen = EagleGenerator(target, eagle3_head(target), "chain:3")
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=32, speculative=False, stop_token_ids=set())
+    gen.use_draft_dtype("bfloat16")
+    eagle = gen.generate(input_ids=PROMPT, max_new_tokens=32, stop_token_ids=set())
+    assert max(s.tree_size for s in eagle.steps) > 1
+    assert_same_or_tie(target, PROMPT, vanilla.token_ids, eagle.token_ids)
+
+    gen = EagleGenerator(target, random_head(target), "eagle1", draft_vocab=torch.arange(16))
+    prompts = [PROMPT, [40, 41, 5, 40, 99, 12]]
+    alone = [gen.generate(input_ids=p, max_new_tokens=24, speculative=False, stop_token_ids=set()).token_ids
+             for p in prompts]
+    gen.use_draft_dtype("bfloat16")
+    batched = gen.generate_batch(input_ids=prompts, max_new_tokens=24, stop_token_ids=set())  # rows' context tokens
+    for p, a, b in zip(prompts, alone, batched):
+        assert_same_or_tie(target, p, a, b.token_ids)
+
+
+def test_the_commands_pass_draft_dtype_to_the_generator(monkeypatch):
+    from eaglespec.cli.commands import build_parser
+    from eaglespec.cli.options import load_generator
+
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+        raise EagleError("stop here")
+
+    monkeypatch.setattr(EagleGenerator, "from_pretrained", fake)
+    with pytest.raises(EagleError, match="stop here"):
+        load_generator(build_parser().parse_args(["generate", "--draft-dtype", "float32"]))
+    assert seen["draft_dtype"] == "float32"

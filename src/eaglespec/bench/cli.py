@@ -24,7 +24,8 @@ from .methods import (BASELINE, DEFAULT_METHODS, METHODS_HELP, Method, build_met
 
 EXIT_NOT_LOSSLESS = 1
 # what a resumed run must share with the run it continues, besides its arguments (--limit may grow)
-RESUME_META = ("model", "head", "head_weights", "draft_vocab", "dtype", "device", "threads", "methods", "versions")
+RESUME_META = ("model", "head", "head_weights", "draft_vocab", "draft_dtype", "dtype", "device", "threads", "methods",
+               "versions")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -73,7 +74,8 @@ def run_metadata(gen, methods: list[Method], **fields) -> dict:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "methods": {m.name: m.spec for m in methods},
-        "head_weights": None if gen.head is None else weights_digest(gen.head),
+        "head_weights": None if gen.head is None else weights_digest(gen.given_head),  # as loaded, whatever it drafts in
+        "draft_dtype": None if gen.head is None else str(next(gen.head.parameters()).dtype).removeprefix("torch."),
         "draft_vocab": draft_vocab_rows(gen),
         "versions": {"eaglespec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},

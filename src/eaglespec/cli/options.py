@@ -54,7 +54,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "cost curve (also EAGLESPEC_RETUNE=1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="the target's and head's dtype; auto (default): the fastest whose tree verification is "
+                   help="the target's dtype (and the head's, unless --draft-dtype says otherwise); auto (default): the fastest whose tree verification is "
                         "exact on this machine (measured once, cached), float32 otherwise; the choice is printed")
     add_draft_dtype_arg(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],
@@ -70,7 +70,7 @@ def add_draft_dtype_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the draft head's dtype; auto (default): bfloat16 for a float32 target on a CPU with AMX "
                         "when the steps are compiled (faster drafting there), else the target's. The head only "
-                        "proposes tokens: no choice changes an output")
+                        "proposes tokens: with exact trees no choice changes an output")
 
 
 def add_compile_arg(p: argparse.ArgumentParser) -> None:

@@ -50,6 +50,7 @@ from ..core.config import DynamicTreeSpec
 from ..core.noise import DraftNoise, perturbed_logprobs
 from ..core.tree import StaticTree, TreeBuffers, best_nodes, buffers_from_parents
 from ..engine.kv_cache import RowCache
+from .contract import DraftLM
 
 
 SHAPES_KEPT = 256  # tree shapes (floored or dynamic) whose buffers a drafter keeps (the least recently used go)
@@ -179,14 +180,16 @@ def scores_context(head, draft_vocab: torch.Tensor | None, context_vocab: bool) 
 
 class Drafter:
     def __init__(self, head, target, tree, draft_vocab: torch.Tensor | None = None, floor: float = 0.0,
-                 rerank: int = 0, context_vocab: bool = True):
+                 rerank: int = 0, context_vocab: bool = True, lm: DraftLM | None = None):
         """head: EagleHead or Eagle3Head. tree: StaticTree or DynamicTreeSpec. draft_vocab: [Vd]
         target token ids an EAGLE-1 draft may propose (a reduced vocabulary, FR-Spec style), or None
         for the full vocabulary; an EAGLE-3 head brings its own. floor: the confidence floor of a
         lone sequence's tree (module docstring; 0 = the whole tree every step). rerank: k > 0 grows
         a static tree for a lone sequence as dynamic:k,D,N of its depth D and N draft nodes.
         context_vocab: with a reduced draft vocabulary, a row's draft also scores the tokens of its
-        own context (prompt and output so far) that the vocabulary leaves out (module docstring)."""
+        own context (prompt and output so far) that the vocabulary leaves out (module docstring).
+        lm: the head's draft LM head over draft_vocab in the head's dtype, when the caller keeps one
+        for several drafters (else made here: a cut copy of the target's for an EAGLE-1 head)."""
         if not 0.0 <= floor < 1.0:
             raise ValueError(f"the draft floor is a probability in [0, 1), got {floor}")
         if rerank < 0:
@@ -198,7 +201,7 @@ class Drafter:
         self.tree = tree
         self.hidden_layers = head.hidden_layers  # what the target must return for this head
         self.dtype = next(head.parameters()).dtype
-        self.lm = head.draft_lm(target, draft_vocab).to(self.dtype)  # an EAGLE-1 head's is the target's
+        self.lm = lm if lm is not None else head.draft_lm(target, draft_vocab).to(self.dtype)
         self.context_vocab = scores_context(head, draft_vocab, context_vocab)
         if self.context_vocab:
             in_main = torch.zeros(target.vocab_size, dtype=torch.bool)

@@ -86,7 +86,7 @@ DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 def draft_dtype_for(choice: str, target: TargetModel) -> tuple[torch.dtype, str]:
     """The draft head's dtype -> (dtype, why). 'float32' | 'bfloat16': that one. 'auto': bf16 where
     the target runs fp32 on a CPU with AMX through the compiled steps (inductor's AMX bf16 GEMMs
-    drafted a round in 3.6 against 4.6 ms on the AMX kind, docs/benchmarks.md), else the target's
+    drafted a round in 3.7 against 4.7 ms on the AMX kind, docs/benchmarks.md), else the target's
     own (on an AVX512-BF16 CPU without AMX the bf16 head drafted slower). The head only proposes
     tokens: verification is exact whatever it runs in, so this choice is about speed alone."""
     if choice != "auto":
@@ -114,7 +114,8 @@ class EagleGenerator:
                              "EagleGenerator.from_pretrained(..., tree='auto'), or tuning.use_auto_tree(gen)")
         self.target = target
         self.drafter = drafter
-        self.head = head
+        self._drafters: dict = {}
+        self.head = head  # the head as it came in (`head`'s setter); use_draft_dtype may run a cast copy
         self.draft_vocab = draft_vocab
         self.head_note = head_note  # said to the user, e.g. "freshly initialised head"
         self.head_dir = head_dir
@@ -129,23 +130,52 @@ class EagleGenerator:
         self._whole = False  # inside `whole_trees`: no confidence floor (every level drafted)
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
-        self._drafters: dict = {}
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
-        self._head_source = head  # in the dtype it came in: use_draft_dtype casts copies of it
         self.draft_dtype_note = ""  # the head's dtype, when use_draft_dtype chose one, and why
+
+    @property
+    def head(self):
+        """The head the drafters run: the one given, or use_draft_dtype's cast copy of it."""
+        return self._head
+
+    @head.setter
+    def head(self, head) -> None:
+        """A new head: drafted with from now on, in its own dtype (use_draft_dtype casts copies of it)."""
+        self._head_source = self._head = head
+        self._drafters, self._draft_lm = {}, None
+
+    @property
+    def given_head(self):
+        """The head as it came in, in its own dtype (what its weights' digest names)."""
+        return self._head_source
+
+    def draft_lm(self):
+        """The head's draft LM head over the draft vocabulary, in the head's dtype: one for every
+        drafter of this head (for an EAGLE-1 head a cut or cast copy of the target's LM head)."""
+        if self._draft_lm is None or self._draft_lm[0] is not self.draft_vocab:  # kept per vocabulary
+            lm = self.head.draft_lm(self.target, self.draft_vocab).to(next(self.head.parameters()).dtype)
+            self._draft_lm = (self.draft_vocab, lm)
+        return self._draft_lm[1]
 
     def use_draft_dtype(self, choice: str = "auto") -> str:
         """Run the head in the dtype `choice` asks for (`draft_dtype_for`, on the target's steps as
-        they are now): a copy of the head as it came in, cast, and the drafters built again. The
-        head only proposes tokens, so this never changes an output. -> what was chosen and why."""
+        they are now): a copy of the head as it came in, its parameters cast (its buffers, RoPE's
+        frequencies, stay as they are), and the drafters built again on the next request; the
+        tuned tree and the built graphs stay (from_pretrained calls it before tuning). The head only
+        proposes tokens: with exact trees no choice changes an output. -> what was chosen and why."""
         if choice not in DRAFT_DTYPES:
             raise EagleError(f"draft dtype {choice!r}: choose one of {', '.join(DRAFT_DTYPES)}")
-        if self._head_source is None:
+        source = self._head_source
+        if source is None:
             return ""
         dtype, why = draft_dtype_for(choice, self.target)
-        source = self._head_source
-        self.head = source if next(source.parameters()).dtype == dtype else copy.deepcopy(source).to(dtype)
-        self._drafters = {}
+        if next(source.parameters()).dtype == dtype:
+            head = source
+        else:
+            head = copy.deepcopy(source)
+            for param in head.parameters():
+                param.data = param.data.to(dtype)
+        self._head, self._drafters, self._draft_lm = head, {}, None
         self.draft_dtype_note = f"draft head in {str(dtype).removeprefix('torch.')} ({why})"
         return self.draft_dtype_note
 
@@ -425,7 +455,8 @@ class EagleGenerator:
         floor, rerank = self.floor_for(tree), self.rerank_for(tree)
         key = (str(tree) if isinstance(tree, DynamicTreeSpec) else tree.paths, floor, rerank, self.context_vocab)
         if key not in self._drafters:
-            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank, self.context_vocab)
+            self._drafters[key] = Drafter(self.head, self.target, tree, self.draft_vocab, floor, rerank, self.context_vocab,
+                                          lm=self.draft_lm())
         return self._drafters[key]
 
     def rerank_for(self, tree) -> int:

@@ -187,7 +187,7 @@ def measure_step_costs(gen, trees: dict[int, StaticTree], context: int = 256, re
 
     def drafting(tree: StaticTree):  # one sequence grows it EAGLE-2 style, as it will decode
         drafter = Drafter(gen.head, target, tree, gen.draft_vocab, rerank=rerank_top_k(tree.num_nodes - 1, tree.depth) if batch == 1 else 0,
-                          context_vocab=gen.context_vocab)
+                          context_vocab=gen.context_vocab, lm=gen.draft_lm())
         state = drafter.new_state(batch)
         # the head's cache: context - 2 pairs per row
         drafter.draft_rows(state, [prompt[0, 1:-1]] * batch, [features[:-2]] * batch, [int(prompt[0, -2])] * batch)
