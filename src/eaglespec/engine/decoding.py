@@ -86,7 +86,7 @@ DRAFT_DTYPES = ("auto", "float32", "bfloat16")
 def draft_dtype_for(choice: str, target: TargetModel) -> tuple[torch.dtype, str]:
     """The draft head's dtype -> (dtype, why). 'float32' | 'bfloat16': that one. 'auto': bf16 where
     the target runs fp32 on a CPU with AMX through the compiled steps (inductor's AMX bf16 GEMMs
-    drafted a round in 3.7 against 4.7 ms on the AMX kind, docs/benchmarks.md), else the target's
+    drafted a round 0.8-1.0 ms faster on the AMX kind, docs/benchmarks.md), else the target's
     own (on an AVX512-BF16 CPU without AMX the bf16 head drafted slower). The head only proposes
     tokens: verification is exact whatever it runs in, so this choice is about speed alone."""
     if choice != "auto":
