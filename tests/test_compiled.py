@@ -432,6 +432,32 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
         assert compiled.disk_full(caught.value) is None
 
 
+@needs_cxx
+@pytest.mark.parametrize("compile_mode", ["auto", "on"])
+def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compiled(tmp_path, monkeypatch, compile_mode):
+    """--draft-dtype auto chose bf16 (AMX) and only the bf16 head's graphs fail to build: the head
+    runs in the target's dtype on the compiled steps, says why, and decodes eager vanilla's ids."""
+    from eaglespec.engine import decoding
+
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(decoding, "cpu_identity", lambda: {"cpu": "test", "flags": ["avx512f", "amx_bf16"]})
+    monkeypatch.setattr(decoding, "load_target", lambda *args, **kwargs: tiny_target("llama", dtype=torch.float32))
+    torch.manual_seed(1)
+    EagleHead(tiny_target("llama").config).save_pretrained(tmp_path / "head")
+    package = CompiledSteps._package
+
+    def fail_bf16(self, program, path, apart, backends=None):
+        if "bfloat16" in path.name:
+            raise RuntimeError("C++ compile failed:\nerror: no bf16 here")
+        return package(self, program, path, apart, backends)
+
+    monkeypatch.setattr(CompiledSteps, "_package", fail_bf16)
+    gen = EagleGenerator.from_pretrained(None, str(tmp_path / "head"), "chain:3", compile=compile_mode, draft_vocab_size=None)
+    assert gen.target.steps.name != "eager" and next(gen.head.parameters()).dtype == torch.float32
+    assert "in bfloat16 it could not be built" in gen.draft_dtype_note and "no bf16 here" in gen.draft_dtype_note
+    assert ids(gen) == ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
+
+
 def test_disk_full_reads_the_whole_chain_and_stops_at_a_cycle():
     import errno
 

@@ -268,7 +268,7 @@ class EagleGenerator:
         if model is not None:
             model = model.to(device=tm.device, dtype=tm.dtype)
 
-        def finish(compile_note: str, numerics) -> "EagleGenerator":
+        def finish(compile_note: str, numerics, draft: str = draft_dtype) -> "EagleGenerator":
             """The generator on tm's steps as they are now: trees gated and tuned, steps warmed."""
             if tree == "auto" and model is not None and (numerics is None or tm.steps.builds_steps):
                 # what gates the trees is the kernels that verify them: choose_dtype measured the eager
@@ -287,7 +287,7 @@ class EagleGenerator:
                 gen.inexact_trees = allow_inexact
                 gen.draft_floor = draft_floor
                 gen.context_vocab = context_vocab
-                gen.use_draft_dtype(draft_dtype)  # before tuning: the cost curve times this head
+                gen.use_draft_dtype(draft)  # before tuning: the cost curve times this head
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             if model is not None and tree == "auto":
                 limit = None if allow_inexact or numerics is None else numerics.tree_limit()
@@ -300,11 +300,21 @@ class EagleGenerator:
         try:
             return finish(compile_note, numerics)
         except CompileFailed as exc:
-            if compile != "auto" or tm.steps is eager_steps:
+            if tm.steps is eager_steps:
                 raise
-            reason = exc.reason  # the retry runs outside this block: the failed attempt's steps are let go
+            failed = exc  # the retries run outside this block: the failed attempt's steps are let go
+        own = draft_dtype_for(draft_dtype, tm)[0]
+        if model is not None and draft_dtype == "auto" and own != tm.dtype:
+            try:  # what failed may be the head's graphs in auto's dtype alone: the head in the target's, compiled
+                gen = finish(compile_note, numerics, str(tm.dtype).removeprefix("torch."))
+                gen.draft_dtype_note += f"; in {str(own).removeprefix('torch.')} it could not be built: {failed.reason}"
+                return gen
+            except CompileFailed as exc:
+                failed = exc
+        if compile != "auto":
+            raise failed
         tm.steps = eager_steps  # --compile auto: a graph that cannot be built means the eager kernels
-        return finish(f"eager kernels: {reason}", numerics)
+        return finish(f"eager kernels: {failed.reason}", numerics)
 
     @torch.no_grad()
     def warm(self, contexts: tuple[int, ...] = (), trees: tuple = (), vanilla: bool = True) -> None:
