@@ -434,9 +434,12 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
 
 @needs_cxx
 @pytest.mark.parametrize("compile_mode", ["auto", "on"])
-def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compiled(tmp_path, monkeypatch, compile_mode):
+@pytest.mark.parametrize("failing", ["head", "target"])
+def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compiled(tmp_path, monkeypatch, compile_mode,
+                                                                                   failing):
     """--draft-dtype auto chose bf16 (AMX) and only the bf16 head's graphs fail to build: the head
-    runs in the target's dtype on the compiled steps, says why, and decodes eager vanilla's ids."""
+    runs in the target's dtype on the compiled steps, says why, and decodes eager vanilla's ids. A
+    target's graph that fails is not retried so: eager kernels with auto, the error with on."""
     from eaglespec.engine import decoding
 
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
@@ -446,15 +449,30 @@ def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compile
     EagleHead(tiny_target("llama").config).save_pretrained(tmp_path / "head")
     package = CompiledSteps._package
 
+    tried = []
+
     def fail_bf16(self, program, path, apart, backends=None):
-        if "bfloat16" in path.name:
+        tried.append(path.name)
+        # the bf16 head's graphs (their tag ends so), or the target's (tag "f": its feature alone)
+        if ("bfloat16" in path.name) if failing == "head" else bool(re.search(r"x\d+-f[.-]", path.name)):
             raise RuntimeError("C++ compile failed:\nerror: no bf16 here")
         return package(self, program, path, apart, backends)
 
     monkeypatch.setattr(CompiledSteps, "_package", fail_bf16)
-    gen = EagleGenerator.from_pretrained(None, str(tmp_path / "head"), "chain:3", compile=compile_mode, draft_vocab_size=None)
+    load = lambda: EagleGenerator.from_pretrained(None, str(tmp_path / "head"), "chain:3", compile=compile_mode,  # noqa: E731
+                                                  draft_vocab_size=None)
+    if failing == "target":
+        if compile_mode == "on":
+            with pytest.raises(EagleError, match="no bf16 here"):
+                load()
+        else:
+            assert load().target.steps.name == "eager"
+        assert not any("bfloat16" in name or "heagle1" in name for name in tried)  # no head graph built, none retried
+        return
+    gen = load()
     assert gen.target.steps.name != "eager" and next(gen.head.parameters()).dtype == torch.float32
-    assert "in bfloat16 it could not be built" in gen.draft_dtype_note and "no bf16 here" in gen.draft_dtype_note
+    assert gen.draft_dtype_note.startswith("draft head in float32 (auto's bfloat16 head could not be built: ")
+    assert "no bf16 here" in gen.draft_dtype_note
     assert ids(gen) == ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
 
 

@@ -54,7 +54,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "cost curve (also EAGLESPEC_RETUNE=1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="the target's dtype (and the head's, unless --draft-dtype says otherwise); auto (default): the fastest whose tree verification is "
+                   help="the target's dtype (and the head's, unless --draft-dtype makes it another: its auto picks bf16 on AMX); auto (default): the fastest whose tree verification is "
                         "exact on this machine (measured once, cached), float32 otherwise; the choice is printed")
     add_draft_dtype_arg(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int8-dynamic"],

@@ -149,12 +149,13 @@ def disk_full(exc: BaseException) -> str | None:
 class CompileFailed(EagleError):
     """Building a graph's package failed (a full disk, an error inside inductor or the C++
     build): nothing half-built is kept. `reason` says what failed, for --compile auto's note
-    (EagleGenerator.from_pretrained then runs the eager kernels); `full`: a disk was full; the
-    message adds the fix."""
+    (EagleGenerator.from_pretrained then runs the eager kernels); `what`: the graph; `full`: a disk
+    was full; the message adds the fix."""
 
     def __init__(self, what: str, folder, exc: BaseException):
         where = disk_full(exc)
         self.full = where is not None
+        self.what = what
         place = f"writing {where}" if where else f"its package goes to {folder}, the C++ build to the temporary folder"
         self.reason = (f"no space left on the disk while building {what} ({place})" if self.full
                        else f"building {what} failed ({one_line(exc, 200)})")

@@ -131,7 +131,6 @@ class EagleGenerator:
         self.inexact_trees = False  # from_pretrained(allow_inexact=True): reproducible sampling cannot hold
         self.last_policy = None  # the AdaptiveTree of the latest batch (what it chose, for benches and tests)
         self.tree = parse_tree(tree) if isinstance(tree, str) else tree
-        self.draft_dtype_note = ""  # the head's dtype, when use_draft_dtype chose one, and why
 
     @property
     def head(self):
@@ -143,6 +142,7 @@ class EagleGenerator:
         """A new head: drafted with from now on, in its own dtype (use_draft_dtype casts copies of it)."""
         self._head_source = self._head = head
         self._drafters, self._draft_lm = {}, None
+        self.draft_dtype_note = ""  # the head's dtype, when use_draft_dtype chose one, and why
 
     @property
     def given_head(self):
@@ -268,7 +268,7 @@ class EagleGenerator:
         if model is not None:
             model = model.to(device=tm.device, dtype=tm.dtype)
 
-        def finish(compile_note: str, numerics, draft: str = draft_dtype) -> "EagleGenerator":
+        def finish(compile_note: str, numerics, draft: str = draft_dtype, draft_why: str = "") -> "EagleGenerator":
             """The generator on tm's steps as they are now: trees gated and tuned, steps warmed."""
             if tree == "auto" and model is not None and (numerics is None or tm.steps.builds_steps):
                 # what gates the trees is the kernels that verify them: choose_dtype measured the eager
@@ -288,6 +288,8 @@ class EagleGenerator:
                 gen.draft_floor = draft_floor
                 gen.context_vocab = context_vocab
                 gen.use_draft_dtype(draft)  # before tuning: the cost curve times this head
+                if draft_why:
+                    gen.draft_dtype_note = f"draft head in {draft} ({draft_why})"
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             if model is not None and tree == "auto":
                 limit = None if allow_inexact or numerics is None else numerics.tree_limit()
@@ -302,19 +304,21 @@ class EagleGenerator:
         except CompileFailed as exc:
             if tm.steps is eager_steps:
                 raise
-            failed = exc  # the retries run outside this block: the failed attempt's steps are let go
-        own = draft_dtype_for(draft_dtype, tm)[0]
-        if model is not None and draft_dtype == "auto" and own != tm.dtype:
-            try:  # what failed may be the head's graphs in auto's dtype alone: the head in the target's, compiled
-                gen = finish(compile_note, numerics, str(tm.dtype).removeprefix("torch."))
-                gen.draft_dtype_note += f"; in {str(own).removeprefix('torch.')} it could not be built: {failed.reason}"
-                return gen
+            # auto's bf16 head (draft_dtype_for: only for an fp32 target) whose own graph failed, not for a full disk
+            retry_head = (model is not None and draft_dtype == "auto" and draft_dtype_for("auto", tm)[0] != tm.dtype
+                          and exc.what.startswith("the draft") and not exc.full)
+            if compile != "auto" and not retry_head:
+                raise
+            reason = exc.reason  # the retries run outside this block: the failed attempt's steps are let go
+        if retry_head:
+            try:  # the head in the target's dtype, still compiled
+                return finish(compile_note, numerics, "float32", f"auto's bfloat16 head could not be built: {reason}")
             except CompileFailed as exc:
-                failed = exc
-        if compile != "auto":
-            raise failed
+                if compile != "auto":
+                    raise
+                reason = exc.reason
         tm.steps = eager_steps  # --compile auto: a graph that cannot be built means the eager kernels
-        return finish(f"eager kernels: {failed.reason}", numerics)
+        return finish(f"eager kernels: {reason}", numerics)
 
     @torch.no_grad()
     def warm(self, contexts: tuple[int, ...] = (), trees: tuple = (), vanilla: bool = True) -> None:
