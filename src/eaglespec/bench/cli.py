@@ -75,7 +75,7 @@ def run_metadata(gen, methods: list[Method], **fields) -> dict:
         "cpus": os.cpu_count(),
         "methods": {m.name: m.spec for m in methods},
         "head_weights": None if gen.head is None else weights_digest(gen.given_head),  # as loaded, whatever it drafts in
-        "draft_dtype": None if gen.head is None else str(next(gen.head.parameters()).dtype).removeprefix("torch."),
+        "draft_dtype": None if gen.head is None else str(gen.draft_dtype).removeprefix("torch."),
         "draft_vocab": draft_vocab_rows(gen),
         "versions": {"eaglespec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},

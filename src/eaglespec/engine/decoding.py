@@ -145,6 +145,11 @@ class EagleGenerator:
         self.draft_dtype_note = ""  # the head's dtype, when use_draft_dtype chose one, and why
 
     @property
+    def draft_dtype(self) -> torch.dtype | None:
+        """The dtype the head drafts in (None without a head)."""
+        return None if self._head is None else next(self._head.parameters()).dtype
+
+    @property
     def given_head(self):
         """The head as it came in, in its own dtype (what its weights' digest names)."""
         return self._head_source
@@ -153,22 +158,23 @@ class EagleGenerator:
         """The head's draft LM head over the draft vocabulary, in the head's dtype: one for every
         drafter of this head (for an EAGLE-1 head a cut or cast copy of the target's LM head)."""
         if self._draft_lm is None or self._draft_lm[0] is not self.draft_vocab:  # kept per vocabulary
-            lm = self.head.draft_lm(self.target, self.draft_vocab).to(next(self.head.parameters()).dtype)
+            lm = self.head.draft_lm(self.target, self.draft_vocab).to(self.draft_dtype)
             self._draft_lm = (self.draft_vocab, lm)
         return self._draft_lm[1]
 
-    def use_draft_dtype(self, choice: str = "auto") -> str:
+    def use_draft_dtype(self, choice: str = "auto", why: str = "") -> str:
         """Run the head in the dtype `choice` asks for (`draft_dtype_for`, on the target's steps as
         they are now): a copy of the head as it came in, its parameters cast (its buffers, RoPE's
         frequencies, stay as they are), and the drafters built again on the next request; the
         tuned tree and the built graphs stay (from_pretrained calls it before tuning). The head only
-        proposes tokens: with exact trees no choice changes an output. -> what was chosen and why."""
+        proposes tokens: with exact trees no choice changes an output. why: said instead of
+        draft_dtype_for's reason. -> what was chosen and why."""
         if choice not in DRAFT_DTYPES:
             raise EagleError(f"draft dtype {choice!r}: choose one of {', '.join(DRAFT_DTYPES)}")
         source = self._head_source
         if source is None:
             return ""
-        dtype, why = draft_dtype_for(choice, self.target)
+        dtype, chosen = draft_dtype_for(choice, self.target)
         if next(source.parameters()).dtype == dtype:
             head = source
         else:
@@ -176,7 +182,7 @@ class EagleGenerator:
             for param in head.parameters():
                 param.data = param.data.to(dtype)
         self._head, self._drafters, self._draft_lm = head, {}, None
-        self.draft_dtype_note = f"draft head in {str(dtype).removeprefix('torch.')} ({why})"
+        self.draft_dtype_note = f"draft head in {str(dtype).removeprefix('torch.')} ({why or chosen})"
         return self.draft_dtype_note
 
     @classmethod
@@ -287,9 +293,7 @@ class EagleGenerator:
                 gen.inexact_trees = allow_inexact
                 gen.draft_floor = draft_floor
                 gen.context_vocab = context_vocab
-                gen.use_draft_dtype(draft)  # before tuning: the cost curve times this head
-                if draft_why:
-                    gen.draft_dtype_note = f"draft head in {draft} ({draft_why})"
+                gen.use_draft_dtype(draft, draft_why)  # before tuning: the cost curve times this head
             gen.numerics, gen.numerics_note, gen.compile_note = numerics, numerics_note, compile_note
             if model is not None and tree == "auto":
                 limit = None if allow_inexact or numerics is None else numerics.tree_limit()

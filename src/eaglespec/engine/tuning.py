@@ -251,9 +251,8 @@ def _head_architecture(gen) -> str:
     h.update(f"draft_vocab:{None if gen.draft_vocab is None else gen.draft_vocab.numel()}".encode())
     if scores_context(gen.head, gen.draft_vocab, gen.context_vocab):
         h.update(b"context")  # the context tokens' rows: a little more work a level
-    dtype = next(gen.head.parameters()).dtype
-    if dtype != gen.target.dtype:  # a head run in its own dtype (use_draft_dtype) drafts at its own speed
-        h.update(f"dtype:{dtype}".encode())
+    if gen.draft_dtype != gen.target.dtype:  # a head run in its own dtype (use_draft_dtype) drafts at its own speed
+        h.update(f"dtype:{gen.draft_dtype}".encode())
     return f"{gen.head.kind}-{h.hexdigest()[:16]}"
 
 

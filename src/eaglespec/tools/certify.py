@@ -416,7 +416,7 @@ def describe(gen) -> dict:
         head, tree = f"drafter {type(gen.drafter).__name__}", "the drafter's own"
     else:
         head = (f"{gen.head.kind} {gen.head_dir if gen.head_dir is not None else '(in-process, no directory)'} "
-                f"in {str(next(gen.head.parameters()).dtype).removeprefix('torch.')}")  # --draft-dtype
+                f"in {str(gen.draft_dtype).removeprefix('torch.')}")  # --draft-dtype
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": gen.target.name, "head": head, "tree": str(tree),
             "tree_nodes": tree_nodes(gen), "dtype": str(gen.target.dtype).removeprefix("torch."),
             "quantization": gen.target.quantization or "none", "numerics": gen.numerics_note, "head_note": gen.head_note,
