@@ -76,18 +76,34 @@ def second_token_marginal(target, prompt: list[int]) -> torch.Tensor:
     return (first[support, None] * second).sum(0)
 
 
-@pytest.fixture(autouse=True)
-def _cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
-    """Measured cost curves (files.cache_dir) go to a fresh folder per test, never into the
-    user's cache (dequantized GGUF copies to one folder per session), no test inherits a retune request from the shell, and decoding is eager unless
-    a test asks for the compiled step (compiling takes seconds to minutes). llama.cpp's build
-    stays where the user's cache has it (tests/interop use it)."""
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """The cache folders of module- and session-scoped fixtures (set up before any test's own
+    folders below, e.g. tests/test_real_model.py's generator): one fresh cache for the session,
+    and the session's one folder of dequantized GGUF copies (the first load writes it), never the
+    user's cache; llama.cpp's build stays where the user's cache has it (tests/interop use it)."""
     from eaglespec.interop import build_llamacpp
 
-    monkeypatch.setenv(build_llamacpp.ROOT_ENV, str(build_llamacpp.default_root()))
+    base = tmp_path_factory.getbasetemp()
+    chosen = {build_llamacpp.ROOT_ENV: build_llamacpp.default_root(),  # before the cache moves
+              "EAGLESPEC_CACHE": base / "eaglespec-session-cache", "EAGLESPEC_GGUF_COPIES": base / "gguf-copies"}
+    old = {name: os.environ.get(name) for name in chosen}
+    os.environ.update({name: str(path) for name, path in chosen.items()})
+    yield
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_a_temporary_folder(_session_cache, tmp_path_factory, monkeypatch):
+    """Measured cost curves (files.cache_dir) go to a fresh folder per test (the session's folders
+    above stay for the rest: GGUF copies, llama.cpp's build), no test inherits a retune request
+    from the shell, and decoding is eager unless a test asks for the compiled step (compiling
+    takes seconds to minutes)."""
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path_factory.mktemp("eaglespec-cache")))
-    # one dequantized copy of the default .gguf for the whole session: the first load writes it
-    monkeypatch.setenv("EAGLESPEC_GGUF_COPIES", str(tmp_path_factory.getbasetemp() / "gguf-copies"))
     monkeypatch.delenv("EAGLESPEC_RETUNE", raising=False)
     monkeypatch.setenv("EAGLESPEC_COMPILE", "off")  # eager unless a test asks for the compiled path
 

@@ -433,13 +433,13 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
 
 
 @needs_cxx
-@pytest.mark.parametrize("compile_mode", ["auto", "on"])
 @pytest.mark.parametrize("failing", ["head", "target"])
-def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compiled(tmp_path, monkeypatch, compile_mode,
-                                                                                   failing):
+def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compiled(tmp_path, monkeypatch, failing):
     """--draft-dtype auto chose bf16 (AMX) and only the bf16 head's graphs fail to build: the head
-    runs in the target's dtype on the compiled steps, says why, and decodes eager vanilla's ids. A
-    target's graph that fails is not retried so: eager kernels with auto, the error with on."""
+    runs in the target's dtype on the compiled steps, says why, and decodes eager vanilla's ids,
+    with --compile auto and with on. A target's graph that fails is not retried so: eager kernels
+    with auto, the error with on. (One test for both modes: the second start loads the packages
+    the first built, as a user's second start would, and meets the same failing head graph.)"""
     from eaglespec.engine import decoding
 
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
@@ -459,21 +459,26 @@ def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compile
         return package(self, program, path, apart, backends)
 
     monkeypatch.setattr(CompiledSteps, "_package", fail_bf16)
-    load = lambda: EagleGenerator.from_pretrained(None, str(tmp_path / "head"), "chain:3", compile=compile_mode,  # noqa: E731
-                                                  draft_vocab_size=None)
+
+    def load(mode):
+        return EagleGenerator.from_pretrained(None, str(tmp_path / "head"), "chain:3", compile=mode,
+                                              draft_vocab_size=None)
+
     if failing == "target":
-        if compile_mode == "on":
-            with pytest.raises(EagleError, match="no bf16 here"):
-                load()
-        else:
-            assert load().target.steps.name == "eager"
+        with pytest.raises(EagleError, match="no bf16 here"):
+            load("on")
+        assert load("auto").target.steps.name == "eager"
         assert not any("bfloat16" in name or "heagle1" in name for name in tried)  # no head graph built, none retried
         return
-    gen = load()
-    assert gen.target.steps.name != "eager" and next(gen.head.parameters()).dtype == torch.float32
-    assert gen.draft_dtype_note.startswith("draft head in float32 (auto's bfloat16 head could not be built: ")
-    assert "no bf16 here" in gen.draft_dtype_note
-    assert ids(gen) == ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
+    vanilla = ids(EagleGenerator(tiny_target("llama", dtype=torch.float32), None), speculative=False)
+    for mode in ("auto", "on"):
+        tried.clear()
+        gen = load(mode)
+        assert any("bfloat16" in name for name in tried), mode  # each start tries the bf16 head again
+        assert gen.target.steps.name != "eager" and next(gen.head.parameters()).dtype == torch.float32
+        assert gen.draft_dtype_note.startswith("draft head in float32 (auto's bfloat16 head could not be built: ")
+        assert "no bf16 here" in gen.draft_dtype_note
+        assert ids(gen) == vanilla, mode
 
 
 def test_disk_full_reads_the_whole_chain_and_stops_at_a_cycle():
