@@ -160,3 +160,46 @@ def test_the_commands_pass_draft_dtype_to_the_generator(monkeypatch):
     with pytest.raises(EagleError, match="stop here"):
         load_generator(build_parser().parse_args(["generate", "--draft-dtype", "float32"]))
     assert seen["draft_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("failing", ["the draft head's step for 4 tokens", "the target's step for 1 row(s) x 1 token(s)"])
+def test_tune_measures_with_the_targets_dtype_where_autos_bf16_head_cannot_be_built(tmp_path, monkeypatch, capsys, failing):
+    """`eaglespec tune` as from_pretrained: where auto's bf16 head graph fails to build, the cost
+    curve is measured with the head in the target's dtype (said on stderr); any other graph's
+    failure stays the one-line error."""
+    from bench_helpers import tiny_generator
+
+    from eaglespec.cli import commands
+    from eaglespec.engine import compiled, tuning
+    from eaglespec.engine.tuning import AcceptanceStats
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "draft_vocab.safetensors").write_text("counted\n")  # no recount
+    gen = tiny_generator()
+    monkeypatch.setattr(EagleGenerator, "from_pretrained", lambda *a, **k: gen)
+    monkeypatch.setattr(commands, "sharegpt_prompts", lambda count, skip: ["hello there"])
+    monkeypatch.setattr(tuning, "calibrate", lambda gen, prompts, n: AcceptanceStats(((0.5, 0.1),), steps=3))
+    monkeypatch.setattr(compiled, "use_compiled", lambda target, mode, **kw: "compiled step (a test's)")
+    monkeypatch.setattr(decoding, "draft_dtype_for", lambda choice, target: (
+        (torch.bfloat16, "auto: AMX") if choice == "auto" else (getattr(torch, choice), "asked for")))
+    measured = []
+
+    def tune(gen, stats, **kwargs):
+        measured.append(gen.draft_dtype)
+        if gen.draft_dtype == torch.bfloat16:
+            raise compiled.CompileFailed(failing, tmp_path, RuntimeError("C++ compile failed:\nerror: no bf16 here"))
+        raise SystemExit(0)  # measured: the rest of the command is tested elsewhere
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    if failing.startswith("the draft"):
+        with pytest.raises(SystemExit):
+            commands.main(["tune", "--head", str(head)])
+        assert measured == [torch.bfloat16, torch.float32]
+        assert "draft head in float32 (auto's bfloat16 head could not be built: building the draft head's step" \
+            in capsys.readouterr().err
+    else:
+        assert commands.main(["tune", "--head", str(head)]) != 0
+        assert measured == [torch.bfloat16]
+        err = capsys.readouterr().err
+        assert "no bf16 here" in err and "--compile off" in err

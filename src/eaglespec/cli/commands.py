@@ -149,7 +149,7 @@ def cmd_tune(args) -> int:
     head_dir = Path(args.head)
     if not head_dir.is_dir():
         raise EagleError(f"head directory {head_dir} does not exist: pass --head DIR")
-    from ..engine.compiled import compile_mode, use_compiled
+    from ..engine.compiled import CompileFailed, compile_mode, use_compiled
 
     mode = compile_mode(args.compile)  # checked now; calibration itself runs eager (acceptance does not depend on kernels)
     gen = EagleGenerator.from_pretrained(args.target, str(head_dir), "eagle1", device=args.device, draft_vocab_size=None,
@@ -180,10 +180,22 @@ def cmd_tune(args) -> int:
     for d, row in enumerate(stats.p, start=1):
         print(f"  depth {d}: " + " ".join(f"{x:.2f}" for x in row))
     print(f"[eaglespec] decoding step: {use_compiled(gen.target, mode)}", file=sys.stderr)  # costs measured on it
-    print(f"[eaglespec] {gen.use_draft_dtype(getattr(args, 'draft_dtype', 'auto'))}", file=sys.stderr)  # as decoding will draft
+    choice = getattr(args, "draft_dtype", "auto")
+    print(f"[eaglespec] {gen.use_draft_dtype(choice)}", file=sys.stderr)  # as decoding will draft
     reps = COST_REPS if args.reps is None else args.reps
-    tuned = tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(),
-                 retune=True)  # what later starts with --tree auto read
+
+    def measure():  # what later starts with --tree auto read
+        return tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(), retune=True)
+
+    try:
+        tuned = measure()
+    except CompileFailed as exc:  # as from_pretrained: auto's bf16 head (fp32 targets only) whose own graph failed
+        if not (choice == "auto" and gen.draft_dtype != gen.target.dtype and exc.what.startswith("the draft")
+                and not exc.full):
+            raise
+        why = f"auto's bfloat16 head could not be built: {exc.reason}"
+        print(f"[eaglespec] {gen.use_draft_dtype('float32', why)}", file=sys.stderr)
+        tuned = measure()
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")
     for n, tau, draft, verify, speedup in tuned.table:
