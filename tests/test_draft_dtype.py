@@ -170,12 +170,13 @@ def test_tune_measures_with_the_targets_dtype_where_autos_bf16_head_cannot_be_bu
     from bench_helpers import tiny_generator
 
     from eaglespec.cli import commands
+    from eaglespec.draft.vocab import FILE as VOCAB_FILE
     from eaglespec.engine import compiled, tuning
     from eaglespec.engine.tuning import AcceptanceStats
 
     head = tmp_path / "head"
     head.mkdir()
-    (head / "draft_vocab.safetensors").write_text("counted\n")  # no recount
+    (head / VOCAB_FILE).write_text("counted\n")  # no recount
     gen = tiny_generator()
     monkeypatch.setattr(EagleGenerator, "from_pretrained", lambda *a, **k: gen)
     monkeypatch.setattr(commands, "sharegpt_prompts", lambda count, skip: ["hello there"])
