@@ -162,11 +162,19 @@ def test_the_commands_pass_draft_dtype_to_the_generator(monkeypatch):
     assert seen["draft_dtype"] == "float32"
 
 
-@pytest.mark.parametrize("failing", ["the draft head's step for 4 tokens", "the target's step for 1 row(s) x 1 token(s)"])
-def test_tune_measures_with_the_targets_dtype_where_autos_bf16_head_cannot_be_built(tmp_path, monkeypatch, capsys, failing):
+@pytest.mark.parametrize("failing, asked, full", [
+    ("the draft head's step for 4 tokens", "auto", False),
+    ("the target's step for 1 row(s) x 1 token(s)", "auto", False),
+    ("the draft head's step for 4 tokens", "bfloat16", False),  # asked for: no other dtype
+    ("the draft head's step for 4 tokens", "auto", True),  # a full disk: building again cannot help
+])
+def test_tune_measures_with_the_targets_dtype_where_autos_bf16_head_cannot_be_built(tmp_path, monkeypatch, capsys, failing,
+                                                                                   asked, full):
     """`eaglespec tune` as from_pretrained: where auto's bf16 head graph fails to build, the cost
     curve is measured with the head in the target's dtype (said on stderr); any other graph's
-    failure stays the one-line error."""
+    failure, a bf16 head asked for, or a full disk stays the one-line error."""
+    import errno
+
     from bench_helpers import tiny_generator
 
     from eaglespec.cli import commands
@@ -189,18 +197,21 @@ def test_tune_measures_with_the_targets_dtype_where_autos_bf16_head_cannot_be_bu
     def tune(gen, stats, **kwargs):
         measured.append(gen.draft_dtype)
         if gen.draft_dtype == torch.bfloat16:
-            raise compiled.CompileFailed(failing, tmp_path, RuntimeError("C++ compile failed:\nerror: no bf16 here"))
+            cause = OSError(errno.ENOSPC, "No space left on device", "x.pt2") if full else \
+                RuntimeError("C++ compile failed:\nerror: no bf16 here")
+            raise compiled.CompileFailed(failing, tmp_path, cause)
         raise SystemExit(0)  # measured: the rest of the command is tested elsewhere
 
     monkeypatch.setattr(tuning, "tune", tune)
-    if failing.startswith("the draft"):
+    command = ["tune", "--head", str(head), "--draft-dtype", asked]
+    if failing.startswith("the draft") and asked == "auto" and not full:
         with pytest.raises(SystemExit):
-            commands.main(["tune", "--head", str(head)])
+            commands.main(command)
         assert measured == [torch.bfloat16, torch.float32]
         assert "draft head in float32 (auto's bfloat16 head could not be built: building the draft head's step" \
             in capsys.readouterr().err
     else:
-        assert commands.main(["tune", "--head", str(head)]) != 0
+        assert commands.main(command) != 0
         assert measured == [torch.bfloat16]
         err = capsys.readouterr().err
-        assert "no bf16 here" in err and "--compile off" in err
+        assert ("no space left" if full else "no bf16 here") in err and "--compile off" in err

@@ -187,13 +187,16 @@ def cmd_tune(args) -> int:
     def measure():  # what later starts with --tree auto read
         return tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(), retune=True)
 
+    failed = None
     try:
         tuned = measure()
     except CompileFailed as exc:  # as from_pretrained: auto's bf16 head (fp32 targets only) whose own graph failed
         if not (choice == "auto" and gen.draft_dtype != gen.target.dtype and exc.what.startswith("the draft")
                 and not exc.full):
             raise
-        why = f"auto's bfloat16 head could not be built: {exc.reason}"
+        failed = exc.reason  # the retry runs outside this block: the failed attempt's frames are let go
+    if failed is not None:
+        why = f"auto's bfloat16 head could not be built: {failed}"
         print(f"[eaglespec] {gen.use_draft_dtype('float32', why)}", file=sys.stderr)
         tuned = measure()
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
