@@ -137,7 +137,7 @@ def cmd_tune(args) -> int:
 
     from ..draft.vocab import FILE as VOCAB_FILE
     from ..draft.vocab import count_tokens, save_draft_vocab
-    from ..engine.decoding import EagleGenerator
+    from ..engine.decoding import EagleGenerator, float32_head_retry
     from ..engine.target import check_device
     from ..engine.tuning import COST_REPS, SIZES, calibrate, tune
     from ..files import cache_dir
@@ -187,17 +187,15 @@ def cmd_tune(args) -> int:
     def measure():  # what later starts with --tree auto read
         return tune(gen, stats, sizes=gen.target.steps.tree_sizes(SIZES), reps=reps, cache=cache_dir(), retune=True)
 
-    failed = None
+    retry = None
     try:
         tuned = measure()
-    except CompileFailed as exc:  # as from_pretrained: auto's bf16 head (fp32 targets only) whose own graph failed
-        if not (choice == "auto" and gen.draft_dtype != gen.target.dtype and exc.what.startswith("the draft")
-                and not exc.full):
+    except CompileFailed as exc:  # as from_pretrained
+        retry = float32_head_retry(choice, gen.target, exc)
+        if retry is None:
             raise
-        failed = exc.reason  # the retry runs outside this block: the failed attempt's frames are let go
-    if failed is not None:
-        why = f"auto's bfloat16 head could not be built: {failed}"
-        print(f"[eaglespec] {gen.use_draft_dtype('float32', why)}", file=sys.stderr)
+    if retry is not None:  # outside the except block: the failed attempt's frames are let go
+        print(f"[eaglespec] {gen.use_draft_dtype('float32', retry)}", file=sys.stderr)
         tuned = measure()
     print(f"step costs on this machine (vanilla step: {tuned.vanilla * 1000:.1f} ms):")
     print("  nodes   tau  draft ms  verify ms  verify/vanilla  speedup (predicted)")

@@ -98,6 +98,17 @@ def draft_dtype_for(choice: str, target: TargetModel) -> tuple[torch.dtype, str]
     return torch.bfloat16, "auto: AMX bf16 GEMMs draft faster here; the head only proposes, outputs are unchanged"
 
 
+def float32_head_retry(choice: str, target: TargetModel, exc) -> str | None:
+    """After a compiled graph failed to build (compiled.CompileFailed `exc`): where it was auto's
+    bf16 head's own graph (draft_dtype_for: only for an fp32 target), and not for a full disk
+    (building again cannot help), the note to draft with the head in float32, still compiled;
+    else None (from_pretrained and `eaglespec tune` retry so)."""
+    if choice != "auto" or draft_dtype_for("auto", target)[0] == target.dtype or exc.full \
+            or not exc.what.startswith("the draft"):
+        return None
+    return f"auto's bfloat16 head could not be built: {exc.reason}"
+
+
 class EagleGenerator:
     """Owns a target, an optional EAGLE head and a tree; generates one request at a time."""
 
@@ -308,15 +319,13 @@ class EagleGenerator:
         except CompileFailed as exc:
             if tm.steps is eager_steps:
                 raise
-            # auto's bf16 head (draft_dtype_for: only for an fp32 target) whose own graph failed, not for a full disk
-            retry_head = (model is not None and draft_dtype == "auto" and draft_dtype_for("auto", tm)[0] != tm.dtype
-                          and exc.what.startswith("the draft") and not exc.full)
-            if compile != "auto" and not retry_head:
+            retry_head = float32_head_retry(draft_dtype, tm, exc) if model is not None else None
+            if compile != "auto" and retry_head is None:
                 raise
             reason = exc.reason  # the retries run outside this block: the failed attempt's steps are let go
-        if retry_head:
+        if retry_head is not None:
             try:  # the head in the target's dtype, still compiled
-                return finish(compile_note, numerics, "float32", f"auto's bfloat16 head could not be built: {reason}")
+                return finish(compile_note, numerics, "float32", retry_head)
             except CompileFailed as exc:
                 if compile != "auto":
                     raise
