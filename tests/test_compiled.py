@@ -15,9 +15,10 @@ from test_decoding import random_head
 from eaglespec.core.attention import additive_mask
 from eaglespec.core.config import parse_tree
 from eaglespec.draft.head import EagleHead
-from eaglespec.engine import compiled
-from eaglespec.engine.compiled import CompiledSteps, GemmBlock, StaticRows, artefact_dir, compile_mode, resolve_mode
+from eaglespec.engine import compiled, gemm_kernels
+from eaglespec.engine.compiled import CompiledSteps, StaticRows, artefact_dir, compile_mode, resolve_mode
 from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.gemm_kernels import GemmBlock
 from eaglespec.engine.kv_cache import RowCache
 from eaglespec.errors import EagleError
 
@@ -526,11 +527,11 @@ def test_artefact_cache_is_keyed_and_a_foreign_or_damaged_one_is_rebuilt(tmp_pat
     # another target (other weights) gets another folder, and so does another micro-GEMM block
     other, _ = artefact_dir(tiny_target("llama", seed=5), tmp_path)
     assert other != folder
-    assert manifest["key"]["gemm_block"] == str(compiled.cpu_gemm_block())
+    assert manifest["key"]["gemm_block"] == str(gemm_kernels.cpu_gemm_block())
     with monkeypatch.context() as m:
-        m.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3))
+        m.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(3))
         three = artefact_dir(target, tmp_path)[0]
-        m.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3, 16))
+        m.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(3, 16))
         assert len({three, artefact_dir(target, tmp_path)[0], folder, other}) == 4
     # a manifest of another key, then a damaged one: emptied, said so, rebuilt
     (folder / compiled.MANIFEST).write_text(json.dumps({"key": {"scheme": 0}}))
@@ -718,7 +719,7 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_the_cpus_micro_gemm_block
     target = tiny_target("llama", dtype=torch.float32)
     target.steps = steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
     assert steps._gemm_backends(1, 1) == steps._gemm_backends(1, 8) == steps._gemm_backends(8, 1) == "CPP"
-    assert compiled.CPU_GEMM_BACKENDS == "CPP" and steps._gemm_backends(1, 16) is steps._gemm_backends(4, 4) is None
+    assert gemm_kernels.CPU_GEMM_BACKENDS == "CPP" and steps._gemm_backends(1, 16) is steps._gemm_backends(4, 4) is None
     eager = tiny_target("llama", dtype=torch.float32)
     assert ids(EagleGenerator(target, None), 4, speculative=False) == ids(EagleGenerator(eager, None), 4, speculative=False)
     assert ids(EagleGenerator(target, random_head(target), "chain:7"), 12) == ids(EagleGenerator(eager, None), 12, speculative=False)
@@ -728,8 +729,8 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_the_cpus_micro_gemm_block
         assert "micro_gemm" in code and "linear_pointwise" not in code
         if "avx512" in str(pick_vec_isa()).lower():
             blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
-            assert blocks and max(blocks) <= compiled.cpu_gemm_block().rows == 4, blocks
-        assert ("__builtin_prefetch(B + (k + " in code) == bool(compiled.cpu_gemm_block().prefetch)
+            assert blocks and max(blocks) <= gemm_kernels.cpu_gemm_block().rows == 4, blocks
+        assert ("__builtin_prefetch(B + (k + " in code) == bool(gemm_kernels.cpu_gemm_block().prefetch)
 
 
 @needs_cxx
@@ -738,7 +739,7 @@ def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, 
     """A block with a prefetch distance puts one L2 prefetch of the weights, that many k-rows ahead,
     in each fp32 micro-GEMM kernel of every step (a block without: none), whatever this CPU's own
     block; a prefetch changes no arithmetic, so the ids stay eager's."""
-    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(2, prefetch))
+    monkeypatch.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(2, prefetch))
     target = tiny_target("llama", dtype=torch.float32)
     target.steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
     eager = tiny_target("llama", dtype=torch.float32)
@@ -748,20 +749,20 @@ def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, 
     for package in kept:
         code = _kernels(package)
         kernels = len(re.findall(r"inline void \w+_micro_gemm_kernel\(", code))  # one per GEMM of the step
-        assert kernels and code.count(compiled.prefetch_code(prefetch or 32).strip()) == (kernels if prefetch else 0)
+        assert kernels and code.count(gemm_kernels.prefetch_code(prefetch or 32).strip()) == (kernels if prefetch else 0)
         assert prefetch or "__builtin_prefetch" not in code
 
 
 def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
     import eaglespec.engine.target as target_module
 
-    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
+    monkeypatch.setattr(gemm_kernels, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: (
         "processor\t: 0", "vendor_id\t: GenuineIntel", "model name\t: Some Xeon", "flags\t\t: fpu avx2 amx_bf16"))
-    assert target_module.cpu_vendor() == "GenuineIntel" and compiled.cpu_gemm_block() == GemmBlock(4, 32)
+    assert target_module.cpu_vendor() == "GenuineIntel" and gemm_kernels.cpu_gemm_block() == GemmBlock(4, 32)
     assert target_module.cpu_identity() == {"cpu": "Some Xeon", "flags": ["avx2", "amx_bf16"]}
     monkeypatch.setattr(target_module, "_cpuinfo_lines", lambda: ())  # not Linux: no vendor, the default block
-    assert target_module.cpu_vendor() == "" and compiled.cpu_gemm_block() == compiled.CPU_GEMM_BLOCK_DEFAULT == GemmBlock(4)
+    assert target_module.cpu_vendor() == "" and gemm_kernels.cpu_gemm_block() == gemm_kernels.CPU_GEMM_BLOCK_DEFAULT == GemmBlock(4)
 
 
 def test_an_intel_cpu_prefetches_only_with_avx512_kernels_and_a_template_that_takes_it(monkeypatch):
@@ -774,29 +775,29 @@ def test_an_intel_cpu_prefetches_only_with_avx512_kernels_and_a_template_that_ta
     import eaglespec.engine.target as target_module
 
     monkeypatch.setattr(target_module, "cpu_vendor", lambda: "GenuineIntel")
-    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: False)
-    assert compiled.cpu_gemm_block() == GemmBlock(4)
+    monkeypatch.setattr(gemm_kernels, "_avx512_prefetch", lambda: False)
+    assert gemm_kernels.cpu_gemm_block() == GemmBlock(4)
     monkeypatch.undo()
     monkeypatch.setattr(target_module, "cpu_vendor", lambda: "GenuineIntel")
     template = micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
-    monkeypatch.setattr(micro.CppMicroGemmFP32Vec, "TEMPLATE_KERNEL", template.replace(compiled._LOAD_B, ""))
-    compiled._prefetch_line.cache_clear()
-    compiled._avx512_prefetch.cache_clear()
+    monkeypatch.setattr(micro.CppMicroGemmFP32Vec, "TEMPLATE_KERNEL", template.replace(gemm_kernels._LOAD_B, ""))
+    gemm_kernels.prefetch_line.cache_clear()
+    gemm_kernels._avx512_prefetch.cache_clear()
     try:
-        assert compiled._prefetch_line() is None and compiled.cpu_gemm_block() == GemmBlock(4)
-        with compiled._gemm_kernels("cpu", GemmBlock(2, 32)):
+        assert gemm_kernels.prefetch_line() is None and gemm_kernels.cpu_gemm_block() == GemmBlock(4)
+        with gemm_kernels.micro_gemms("cpu", GemmBlock(2, 32)):
             assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-r2-{compiled.ARTEFACT_SCHEME}"
             assert "__builtin_prefetch" not in micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
     finally:
         monkeypatch.undo()
-        compiled._prefetch_line.cache_clear()
-        compiled._avx512_prefetch.cache_clear()
-    assert compiled._prefetch_line() is not None
+        gemm_kernels.prefetch_line.cache_clear()
+        gemm_kernels._avx512_prefetch.cache_clear()
+    assert gemm_kernels.prefetch_line() is not None
 
 
 @pytest.mark.parametrize("vendor,block", [("AuthenticAMD", GemmBlock(4)), ("GenuineIntel", GemmBlock(4, 32)), ("", GemmBlock(4))])
 def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_template_and_is_undone(monkeypatch, vendor, block):
-    """compiled._gemm_kernels: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
+    """gemm_kernels.micro_gemms: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
     most cpu_gemm_block().rows rows (4) and every other shape is as it was, and the fp32 kernel
     template prefetches the weights where the block says so (Intel); afterwards, table and template are whole again. No patch for a GPU's builds."""
     import torch._inductor.compile_fx  # noqa: F401
@@ -805,19 +806,19 @@ def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_tem
     import eaglespec.engine.target as target_module
 
     monkeypatch.setattr(target_module, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(compiled, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
-    assert compiled.cpu_gemm_block() == block
+    monkeypatch.setattr(gemm_kernels, "_avx512_prefetch", lambda: True)  # as on an AVX-512 CPU
+    assert gemm_kernels.cpu_gemm_block() == block
     rows = block.rows
     table = micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
     before, template = list(table), micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL
     assert "__builtin_prefetch" not in template
     assert any(c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32 and c.register_blocking.block_m > 4
                for c in before)  # else the patch has nothing to change in this torch
-    with compiled._gemm_kernels("cpu"):
+    with gemm_kernels.micro_gemms("cpu"):
         # inductor's graph cache keys on the block too (a custom pass's uuid is part of its key)
         assert torch._inductor.config.post_grad_custom_post_pass.uuid() == f"eaglespec-gemm-{block}-{compiled.ARTEFACT_SCHEME}"
         added = [line for line in micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL.split("\n") if line not in template.split("\n")]
-        assert added == ([compiled.prefetch_code(block.prefetch).rstrip("\n")] if block.prefetch else [])
+        assert added == ([gemm_kernels.prefetch_code(block.prefetch).rstrip("\n")] if block.prefetch else [])
         for was, now in zip(before, table, strict=True):
             if was.vec_isa_cls is micro.VecAVX512 and was.input_dtype == torch.float32:
                 assert now.register_blocking == (min(was.register_blocking.block_m, rows), *was.register_blocking[1:])
@@ -825,14 +826,14 @@ def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_tem
                 assert now == was
     assert table == before and torch._inductor.config.post_grad_custom_post_pass is None
     assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
-    with compiled._gemm_kernels("cuda", GemmBlock(2, 32)):
+    with gemm_kernels.micro_gemms("cuda", GemmBlock(2, 32)):
         assert table == before and micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
-    with compiled._gemm_kernels("cpu", GemmBlock(2)), compiled._gemm_kernels("cpu", GemmBlock(3, 32)):
+    with gemm_kernels.micro_gemms("cpu", GemmBlock(2)), gemm_kernels.micro_gemms("cpu", GemmBlock(3, 32)):
         # nested: no deadlock, and the outer block holds (2 rows, no prefetch)
         assert max(c.register_blocking.block_m for c in table if c.vec_isa_cls is micro.VecAVX512
                    and c.input_dtype == torch.float32) == 2
         assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL == template
-    with compiled._gemm_kernels("cpu", GemmBlock(2, 8)), compiled._gemm_kernels("cpu", GemmBlock(2, 8)):
+    with gemm_kernels.micro_gemms("cpu", GemmBlock(2, 8)), gemm_kernels.micro_gemms("cpu", GemmBlock(2, 8)):
         assert micro.CppMicroGemmFP32Vec.TEMPLATE_KERNEL.count("__builtin_prefetch") == 1  # once, not twice
     assert table == before
 
@@ -1029,9 +1030,9 @@ def test_cached_step_measurements_are_keyed_on_the_artefact_scheme_and_micro_gem
     now = cost_key(gen)
     monkeypatch.setattr(compiled, "ARTEFACT_SCHEME", compiled.ARTEFACT_SCHEME + 1)
     scheme = cost_key(gen)
-    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3))  # and on the micro-GEMM block
+    monkeypatch.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(3))  # and on the micro-GEMM block
     three = cost_key(gen)
-    monkeypatch.setattr(compiled, "cpu_gemm_block", lambda: GemmBlock(3, 16))
+    monkeypatch.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(3, 16))
     assert len({eager["steps"], now["steps"], scheme["steps"], three["steps"], cost_key(gen)["steps"]}) == 5
     assert eager["steps"] == EagerSteps.kernels
 

@@ -5,8 +5,8 @@ import torch
 from conftest import tiny_target
 
 from eaglespec.bench import gemm, profile, roofline
-from eaglespec.engine import compiled
-from eaglespec.engine.compiled import GemmBlock
+from eaglespec.engine import compiled, gemm_kernels
+from eaglespec.engine.gemm_kernels import GemmBlock
 from eaglespec.engine.target import EagerSteps
 
 
@@ -56,7 +56,7 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building(monkey
         gemm.main(["--blocks", "2p"])
     assert gemm._blocks("inductor,4,2p32,r4-p16,any") == [None, GemmBlock(4), GemmBlock(2, 32), GemmBlock(4, 16), gemm.ANY]
     with monkeypatch.context() as m:  # a torch whose template takes no prefetch
-        m.setattr(compiled, "_prefetch_line", lambda: None)
+        m.setattr(gemm_kernels, "prefetch_line", lambda: None)
         with pytest.raises(SystemExit, match="--blocks '4,2p32': this torch's micro-GEMM template has no line"):
             gemm.main(["--blocks", "4,2p32"])
     with pytest.raises(SystemExit, match="--rows '0,8' / --shape '576x1536': give positive numbers"):

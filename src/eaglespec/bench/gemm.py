@@ -3,13 +3,13 @@ shape with their weights streamed from memory, as a decoding step streams them.
 
 A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 x 1536, 120 of
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
-with frozen weights and the C++ templates alone (compiled.CPU_GEMM_BACKENDS), once for each row
+with frozen weights and the C++ templates alone (gemm_kernels.CPU_GEMM_BACKENDS), once for each row
 count and block (`--blocks`: `R` holds at most R rows in registers, `RpD` also prefetches the
-weights D k-rows ahead into L2, as compiled.cpu_gemm_block() chooses; `inductor`: inductor's own
+weights D k-rows ahead into L2, as gemm_kernels.cpu_gemm_block() chooses; `inductor`: inductor's own
 table; `any`: max-autotune's own pick among all its GEMM backends, oneDNN's included, as a step
-wider than compiled.CPU_TEMPLATE_ROWS is built). All are then timed in shuffled interleaved
+wider than gemm_kernels.CPU_TEMPLATE_ROWS is built). All are then timed in shuffled interleaved
 rounds in one process (medians), so a machine shared with other work slows them alike. It
-measured the rules behind compiled.CPU_GEMM_BLOCKS (docs/benchmarks.md). Each package keeps its
+measured the rules behind gemm_kernels.CPU_GEMM_BLOCKS (docs/benchmarks.md). Each package keeps its
 weights inside its .so: the defaults hold 12 x 425 MB in memory, and as much in a temporary
 folder while they build.
 
@@ -44,7 +44,7 @@ ANY = "any"  # not a micro-GEMM block: max-autotune's pick among all backends
 
 def _blocks(text: str) -> list:
     """'inductor,4,2p32,any' -> [None, GemmBlock(4), GemmBlock(2, 32), ANY]."""
-    from ..engine.compiled import GemmBlock
+    from ..engine.gemm_kernels import GemmBlock
 
     out = []
     for part in text.split(","):
@@ -63,9 +63,10 @@ def _blocks(text: str) -> list:
 def gemm_times(rows: list[int], blocks: list, products: int = 120,
                shape: tuple[int, int] = (576, 1536), rounds: int = 9, say=print) -> tuple[dict, dict]:
     """-> ({(block, rows): median seconds of one pass over every product}, {rows: the blocks whose
-    products are not bit for bit the first block's}); a block is a compiled.GemmBlock, None
+    products are not bit for bit the first block's}); a block is a gemm_kernels.GemmBlock, None
     (inductor's own kernels) or ANY."""
-    from ..engine.compiled import CPU_GEMM_BACKENDS, _gemm_kernels, _inductor_options, cpu_gemm_block
+    from ..engine.compiled import _inductor_options
+    from ..engine.gemm_kernels import CPU_GEMM_BACKENDS, cpu_gemm_block, micro_gemms
     from .roofline import interleaved_medians
 
     torch.manual_seed(0)
@@ -83,7 +84,7 @@ def gemm_times(rows: list[int], blocks: list, products: int = 120,
                 # cache keyed on the block, was served the first block's code for the second)
                 backends, kernels = (None, cpu_gemm_block()) if block == ANY else (CPU_GEMM_BACKENDS, block)
                 options = _inductor_options(True, gemm_backends=backends) | {"force_disable_caches": True}
-                with torch._inductor.config.patch(options), _gemm_kernels("cpu", kernels):
+                with torch._inductor.config.patch(options), micro_gemms("cpu", kernels):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))
                 runners[(block, m)] = (torch._inductor.aoti_load_package(str(path)), x)
                 outputs[(block, m)] = runners[(block, m)][0](x)
@@ -100,7 +101,8 @@ def _name(block) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.compiled import _prefetch_line, compiler_problem
+    from ..engine.compiled import compiler_problem
+    from ..engine.gemm_kernels import prefetch_line
     from ..pause import hold_machine
     from .roofline import machine_line
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         blocks = list(dict.fromkeys(_blocks(args.blocks)))
     except EagleError as exc:
         raise SystemExit(str(exc))
-    if any(getattr(b, "prefetch", 0) for b in blocks) and _prefetch_line() is None:
+    if any(getattr(b, "prefetch", 0) for b in blocks) and prefetch_line() is None:
         raise SystemExit(f"--blocks {args.blocks!r}: this torch's micro-GEMM template has no line a prefetch can "
                          "follow; give blocks without one, e.g. inductor,4,2")
     problem = compiler_problem()
