@@ -32,9 +32,9 @@ def assert_same_or_tie(target, prompt, vanilla, eagle):
     assert (top2[0] - top2[1]).abs() < 1e-9, f"outputs diverge at token {i} without a tie: {vanilla[i:i+5]} vs {eagle[i:i+5]}"
 
 
-def random_head(target, seed=1):
+def random_head(target, seed=1, layers=1):
     torch.manual_seed(seed)
-    return EagleHead(target.config).to(target.dtype)
+    return EagleHead(target.config, layers=layers).to(target.dtype)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -56,6 +56,38 @@ def counted_levels(monkeypatch) -> list:
     levels, expand = [], Drafter._expand
     monkeypatch.setattr(Drafter, "_expand", lambda self, *a: levels.append(1) or expand(self, *a))
     return levels
+
+
+@pytest.mark.parametrize("arch,layers", [("llama", 1), ("llama", 2), ("qwen3", 2), ("mixtral", 2)])
+def test_each_draft_is_the_heads_teacher_forced_prediction(arch, layers):
+    """While decoding (chain:1), every draft is the argmax of the head run once, causally, over the
+    whole generated sequence's pairs (f[t], x[t+1]) (training's view): the head's cache holds every
+    layer's entries of the accepted path, for a head of one layer or more."""
+    target = tiny_target(arch)
+    assert_drafts_are_teacher_forced(target, random_head(target, layers=layers))
+
+
+def assert_drafts_are_teacher_forced(target, head):
+    gen = EagleGenerator(target, head, "chain:1")
+    batch, pairs, emitted = gen.new_batch(), [], [0]
+
+    def observe(tree, logits, acc):
+        pairs.append((len(PROMPT) + sum(emitted), tree.tokens.reshape(-1).tolist()))
+        emitted.append(len(acc.accepted_tokens) + 1)
+
+    batch.add(PROMPT, 40, stops=set())
+    while len(batch):
+        batch.step(observe)
+    vanilla = gen.generate(input_ids=PROMPT, max_new_tokens=40, speculative=False, stop_token_ids=set())
+    full = torch.tensor(PROMPT + list(vanilla.token_ids))
+    with torch.no_grad():
+        f = target.features(full[None])[0]
+        out = head(target.embed_tokens(full[1:])[None].to(target.dtype), f[None, :-1])
+        predicted = target.logits(out)[0].argmax(-1)
+    assert len(pairs) > 10 and all(len(tokens) == 2 for _, tokens in pairs[:-1])  # a last single token: no draft
+    for n, tokens in pairs[:-1]:
+        assert int(full[n]) == tokens[0]  # this step's root is the sequence's token n
+        assert tokens[1] == int(predicted[n - 1]), n  # drafted from (f[n-1], x[n])
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -191,3 +191,30 @@ def test_inspect_head_reads_headers_only_and_names_damaged_files(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "num_hidden_layers": 12}))
     with pytest.raises(EagleError, match="neither an EAGLE-1 head"):
         inspect_head(tmp_path)
+
+
+def test_a_head_of_two_layers_saves_loads_and_refuses_a_config_that_disagrees(tmp_path):
+    """--head-layers 2: layers.0 without its input norm (the paper's layer), layers.1 with it (as
+    vLLM's and SGLang's EAGLE-1 models build further layers); config.json states the count, a
+    reload rebuilds it and gives the same outputs, and a count the weights do not hold is refused."""
+    from eaglespec.draft.heads import load_head
+
+    cfg = tiny_config("llama")
+    torch.manual_seed(0)
+    head = EagleHead(cfg, layers=2)
+    head.save_pretrained(tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    assert set(sd) == EAGLE1_KEYS | {k.replace("layers.0.", "layers.1.") for k in EAGLE1_KEYS if k.startswith("layers.")} \
+        | {"layers.1.input_layernorm.weight"}
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 2
+    loaded = load_head(tmp_path, cfg)
+    assert loaded.layers == 2
+    embeds, features = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
+    torch.testing.assert_close(loaded(embeds, features), head(embeds, features), rtol=0, atol=0)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 1}))
+    with pytest.raises(EagleError, match="num_hidden_layers is 1 but the weights hold 2 decoder layers"):
+        load_head(tmp_path, cfg)
+    for layers in (0, 5, True):
+        with pytest.raises(EagleError, match="an EAGLE-1 head has 1 to 4 decoder layers"):
+            EagleHead(cfg, layers=layers)

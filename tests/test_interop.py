@@ -424,6 +424,14 @@ def test_a_format_that_cannot_hold_the_head_names_those_that_can(target, tmp_pat
     with pytest.raises(EagleError, match="formats that can: none$"):
         export_head(tmp_path / "qwen3", tmp_path / "out", "sglang")
     nothing_written(tmp_path, tmp_path / "out")
+    EagleHead(target.config, layers=2).save_pretrained(tmp_path / "two")  # read, but no format is tested with it
+    for fmt in ("official", "vllm", "sglang"):
+        with pytest.raises(EagleError, match=f"{fmt} cannot hold .*: it has 2 decoder layers, and the exports are tested "
+                                             "with one-layer EAGLE-1 heads only .*; formats that can: none$"):
+            export_head(tmp_path / "two", tmp_path / "out", fmt)
+    nothing_written(tmp_path, tmp_path / "out")
+    import_head(tmp_path / "two", tmp_path / "back")  # eaglespec's own layout keeps its layers
+    assert load_head(tmp_path / "back", target.config).layers == 2
 
 
 def test_official_eagle1_needs_the_targets_embedding(target, tmp_path):

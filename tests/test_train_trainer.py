@@ -369,6 +369,31 @@ def test_a_checkpoint_resumes_under_another_micro_batch(tmp_path):
         TrainConfig(micro_batch=0)
 
 
+def test_init_from_a_head_of_fewer_layers_grows_it_and_drafts_as_it_did_at_first(target, dataset, tmp_path):
+    """--head-layers 2 --init-from a one-layer head: its fc and layer come first, the new layer
+    starts as the identity (the first evaluation is the given head's), then trains; the grown head
+    saves as two layers, and a one-layer run refuses it."""
+    from eaglespec.draft.heads import load_head
+
+    config = TrainConfig(lr=3e-3, warmup=1, grad_accum=2, epochs=1, noise=0.0, eval_first=2)
+    first = train(target, dataset, config, tmp_path / "first", progress=False)
+    grown = Trainer(target, dataset, TrainConfig(**{**config.__dict__, "init_from": str(tmp_path / "first"), "head_layers": 2}),
+                    tmp_path / "grown", progress=False)
+    assert grown.head.layers == 2
+    assert grown.evaluate()["loss"] == pytest.approx(first.final_eval["loss"], rel=1e-6)
+    o_proj = grown.head.decoder.layers[1].self_attn.o_proj.weight
+    assert not o_proj.any()  # the identity's
+    result = grown.run()
+    assert result.steps == first.steps and o_proj.any()  # it trained
+    assert load_head(tmp_path / "grown", target.config).layers == 2
+    with pytest.raises(EagleError, match="its tensors differ from the head this run builds \\(decoder.layers.1"):
+        Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "grown")), tmp_path / "y", progress=False)
+    with pytest.raises(EagleError, match="an EAGLE-3 head has one decoder layer"):
+        TrainConfig(head="eagle3", head_layers=2)
+    with pytest.raises(EagleError, match="an EAGLE-1 head has 1 to 4 decoder layers"):
+        TrainConfig(head_layers=0)
+
+
 def test_init_from_continues_a_trained_head_and_refuses_another(target, dataset, tmp_path):
     config = TrainConfig(lr=3e-3, warmup=1, grad_accum=2, epochs=1, noise=0.0, eval_first=2)
     first = train(target, dataset, config, tmp_path / "first", progress=False)

@@ -90,15 +90,26 @@ def rope_fields(cfg: dict) -> dict:
     return {"rope_theta": theta, "rope_parameters": {**rope, "rope_theta": theta}, "rope_scaling": scaling}
 
 
+EAGLE1_MAX_LAYERS = 4  # an EAGLE-1 head's decoder layers: 1 in the paper; more is a draft model, not a head
+
+
+def check_layers(layers) -> None:
+    """Refuse an EAGLE-1 head's layer count outside 1..EAGLE1_MAX_LAYERS."""
+    if not (type(layers) is int and 1 <= layers <= EAGLE1_MAX_LAYERS):
+        raise EagleError(f"an EAGLE-1 head has 1 to {EAGLE1_MAX_LAYERS} decoder layers (the paper: 1), got {layers!r}")
+
+
 def head_kind(cfg: dict, source: str) -> str:
     """'eagle1' or 'eagle3' from a head's config.json; anything else is a clear error."""
     archs = cfg.get("architectures") or []
     if any("eagle3" in str(a).lower() for a in archs) or "draft_vocab_size" in cfg or "eagle_config" in cfg:
         return "eagle3"
-    if "hidden_size" in cfg and cfg.get("num_hidden_layers", 1) == 1:
+    layers = cfg.get("num_hidden_layers", 1)
+    if "hidden_size" in cfg and type(layers) is int and 1 <= layers <= EAGLE1_MAX_LAYERS:
         return "eagle1"
     raise EagleError(f"{source}: config.json describes neither an EAGLE-1 head (a target config with "
-                     "num_hidden_layers 1) nor an EAGLE-3 head (architectures LlamaForCausalLMEagle3 or draft_vocab_size); "
+                     f"num_hidden_layers 1 to {EAGLE1_MAX_LAYERS}) nor an EAGLE-3 head (architectures "
+                     "LlamaForCausalLMEagle3 or draft_vocab_size); "
                      f"got architectures={archs}, num_hidden_layers={cfg.get('num_hidden_layers')}")
 
 
@@ -192,6 +203,13 @@ def check_config_against_weights(cfg: dict, kind: str, shapes: dict[str, tuple[i
         if shape is not None and len(shape) > dim and shape[dim] != expected:
             raise EagleError(f"{Path(directory) / CONFIG}: {field} is {expected} but the weights have {shape[dim]} "
                              f"({tensor} has shape {shape}): config.json and the weights disagree; fix config.json "
+                             "or re-export the head")
+    if kind == "eagle1":
+        stated = cfg.get("num_hidden_layers", 1)
+        held = len({k.split(".")[1] for k in shapes if k.startswith("layers.") and k.count(".") > 1})
+        if held and held != stated:
+            raise EagleError(f"{Path(directory) / CONFIG}: num_hidden_layers is {stated} but the weights hold {held} "
+                             "decoder layers (layers.0 ...): config.json and the weights disagree; fix config.json "
                              "or re-export the head")
 
 

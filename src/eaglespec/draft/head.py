@@ -1,11 +1,12 @@
 """The EAGLE-1 draft head.
 
-    f_hat[t+1] = Layer( fc( [embed(x[t+1]) ; f[t]] ) )
+    f_hat[t+1] = Layers( fc( [embed(x[t+1]) ; f[t]] ) )
 
 `fc` maps 2h -> h (with a bias, as the paper; `fc_bias=False` as the LLaMA-3 releases and vLLM);
-`Layer` is one decoder layer of the target's own family (taken
-from `transformers`, not copied) without its input norm, and there is no final norm. Draft logits
-are the target's LM head applied to f_hat. Embedding and LM head belong to the target and are
+`Layers` is one decoder layer of the target's own family (taken from `transformers`, not copied)
+without its input norm, as the paper, or `layers` of them, the first without its input norm (as
+vLLM's and SGLang's EAGLE-1 models build a head of config.json's `num_hidden_layers`); there is no
+final norm. Draft logits are the target's LM head applied to f_hat. Embedding and LM head belong to the target and are
 not stored: the saved tensors carry the published EAGLE-1 names (`fc.weight`, `fc.bias`,
 `layers.0.self_attn.q_proj.weight`, ...); what each engine needs beyond that is written by
 `eaglespec export` (interop/, docs/interop.md).
@@ -20,18 +21,18 @@ import torch
 from torch import nn
 
 from ..errors import EagleError
-from .contract import DraftLM, check_config_against_weights, read_head_files, rope_fields, write_head
+from .contract import DraftLM, check_config_against_weights, check_layers, read_head_files, rope_fields, write_head
 
 # Fields of the target's config.json that must not travel with a head: a reader applies them to the
 # head (vLLM and SGLang would load it as a GGUF-quantised model; `bias` is the official code's fc
-# bias but vLLM's and SGLang's attention bias; a one-layer head has no per-layer types), and paths
-# name this machine.
+# bias but vLLM's and SGLang's attention bias; a head's layers are all of its target's first layer's
+# type, so it has no per-layer types), and paths name this machine.
 _NOT_COPIED = ("quantization_config", "bias", "layer_types", "eaglespec")
 
 
-def eagle1_config(cfg: dict, fc_bias: bool, dtype: torch.dtype | None = None) -> dict:
+def eagle1_config(cfg: dict, fc_bias: bool, dtype: torch.dtype | None = None, layers: int = 1) -> dict:
     """An EAGLE-1 head's config.json from its target's config (or an older head's): the target's
-    fields with one layer, as the published heads, and nothing a reader can misread. `bias` is
+    fields with the head's `layers` (one, as the published heads), and nothing a reader can misread. `bias` is
     written only when false: the official code reads a missing `bias` as true (its fc bias), and
     vLLM and SGLang read a true one as attention bias; `tie_word_embeddings` is false (SGLang
     would use its embedding as the LM head)."""
@@ -39,7 +40,7 @@ def eagle1_config(cfg: dict, fc_bias: bool, dtype: torch.dtype | None = None) ->
 
     out = {k: v for k, v in cfg.items() if k not in _NOT_COPIED and not k.startswith("_")}
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(out.get("model_type"))
-    out.update(num_hidden_layers=1, tie_word_embeddings=False,
+    out.update(num_hidden_layers=layers, tie_word_embeddings=False,
                architectures=[arch] if arch else out.get("architectures"), **rope_fields(cfg))
     if not fc_bias:
         out["bias"] = False
@@ -48,12 +49,13 @@ def eagle1_config(cfg: dict, fc_bias: bool, dtype: torch.dtype | None = None) ->
     return out
 
 
-def _head_config(target_config):
-    """The target's config cut to one layer, with the attention that runs anywhere (SDPA)."""
+def _head_config(target_config, layers: int):
+    """The target's config cut to `layers` layers, each of its first layer's type, with the
+    attention that runs anywhere (SDPA)."""
     cfg = copy.deepcopy(target_config)
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = layers
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = list(cfg.layer_types[:1])
+        cfg.layer_types = list(cfg.layer_types[:1]) * layers
     cfg.vocab_size = 1  # the decoder's own embedding is never used: keep it tiny
     cfg.pad_token_id = None
     cfg.tie_word_embeddings = False
@@ -69,15 +71,16 @@ class EagleHead(nn.Module):
     predicts_features = True  # o is a prediction of f (draft/contract.py)
     own_vocabulary = False  # the target's vocabulary, or a counted draft vocabulary beside the weights
 
-    def __init__(self, target_config, fc_bias: bool = True):
+    def __init__(self, target_config, fc_bias: bool = True, layers: int = 1):
         super().__init__()
         from transformers import AutoModel
 
+        check_layers(layers)
         h = target_config.hidden_size
         self.hidden_size = h
         self.target_config = target_config
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
-        decoder = AutoModel.from_config(_head_config(target_config))
+        decoder = AutoModel.from_config(_head_config(target_config, layers))
         if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
             raise EagleError(f"{target_config.model_type}: its base model has no `layers`/`norm`; the EAGLE head cannot be built from it")
         decoder.norm = nn.Identity()
@@ -85,6 +88,10 @@ class EagleHead(nn.Module):
         decoder.embed_tokens = None
         self.decoder = decoder
         self.cache_config = decoder.config
+
+    @property
+    def layers(self) -> int:
+        return len(self.decoder.layers)
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         """EAGLE-1 reads f itself."""
@@ -130,9 +137,9 @@ class EagleHead(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None,
                         max_shard_bytes: int | None = None) -> None:
-        """config.json (`eagle1_config`: the target's config with one layer, as the published heads
-        have) + model.safetensors, each written atomically."""
-        cfg = eagle1_config(self.target_config.to_dict(), self.fc.bias is not None, self.fc.weight.dtype)
+        """config.json (`eagle1_config`: the target's config with the head's layers, one as the
+        published heads have) + model.safetensors, each written atomically."""
+        cfg = eagle1_config(self.target_config.to_dict(), self.fc.bias is not None, self.fc.weight.dtype, self.layers)
         write_head(directory, cfg, self.eagle_state_dict(), extra, max_shard_bytes)
 
     @classmethod
@@ -147,8 +154,32 @@ class EagleHead(nn.Module):
             theirs, ours = cfg.get(key), getattr(target_config, key)
             if theirs is not None and theirs != ours:
                 raise EagleError(f"head {source} has {key}={theirs} but the target has {key}={ours}: it was trained for another target")
-        head = cls(target_config, fc_bias="fc.bias" in sd)  # the LLaMA-3 releases and vLLM's heads have none
+        # no fc bias: the LLaMA-3 releases and vLLM's heads; layers: config.json's, as vLLM and SGLang read it
+        head = cls(target_config, fc_bias="fc.bias" in sd, layers=cfg.get("num_hidden_layers", 1))
         head.load_eagle_state_dict(sd, source=source)
         return head
 
 
+
+
+_RESIDUAL_OUTPUTS = ("o_proj", "down_proj", "w2")  # the last product of a layer's attention and MLP branches
+
+
+@torch.no_grad()
+def grow_head(head: EagleHead, given: EagleHead, source: str) -> None:
+    """`head` holds `given`'s fc and layers, and has more layers: each added layer starts as the
+    identity, the output projections of its attention and MLP (every parameter named o_proj,
+    down_proj or w2, and their biases) zero, so that the grown head drafts as `given` does. Checked
+    on a random input, which catches a family whose layers have other names: an EagleError."""
+    for layer in head.decoder.layers[given.layers:]:
+        for name, param in layer.named_parameters():
+            if any(part in _RESIDUAL_OUTPUTS for part in name.split(".")):
+                param.zero_()
+    weight = head.fc.weight
+    rng = torch.Generator().manual_seed(0)
+    embeds, features = (torch.randn(1, 5, head.hidden_size, generator=rng).to(weight) for _ in range(2))
+    if not torch.allclose(head(embeds, features), given(embeds.to(given.fc.weight), features.to(given.fc.weight)).to(weight),
+                          rtol=1e-3, atol=1e-4):
+        raise EagleError(f"--init-from {source}: a {head.target_config.model_type} head's added layers do not start as "
+                         f"the identity with their {', '.join(_RESIDUAL_OUTPUTS)} zero; train the {head.layers}-layer head "
+                         "from a fresh initialisation (no --init-from)")

@@ -591,14 +591,14 @@ def _dtype_suffix(dtype: torch.dtype, target) -> str:
 
 class CompiledHeadSteps:
     """The draft head's forward compiled like the target's (drafter.EagerHeadSteps' interface):
-    a static cache for the head's one layer, queries and rows padded to buckets. A step wider than
+    a static cache for the head's layers (one, but for an EAGLE-1 head of more), queries and rows padded to buckets. A step wider than
     EAGER_QUERIES, or an absorb wider than the drafter's (a joining prompt's pairs), runs the same
     module eagerly over the same buffers."""
 
     def __init__(self, owner: "CompiledSteps", head, target):
         self.owner, self.head, self.target = owner, head, target
         cfg = head.cache_config
-        self.heads = cfg.num_key_value_heads
+        self.layers, self.heads = cfg.num_hidden_layers, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.dtype = next(head.parameters()).dtype
         self.module = _HeadStep(head).eval()
@@ -614,7 +614,7 @@ class CompiledHeadSteps:
         """slots: the most the rows will hold (a sequence's prompt, budget and tree), so that its
         head cache, like the target's, is sized once and never changes bucket (and graphs)
         mid-generation."""
-        return StaticRows.empty(1, self.heads, self.head_dim, rows, self.dtype, self.target.device, slots)
+        return StaticRows.empty(self.layers, self.heads, self.head_dim, rows, self.dtype, self.target.device, slots)
 
     @torch.no_grad()
     def forward(self, rows: StaticRows, base: int, tokens, hidden, block, positions, pad_to: int = 0) -> torch.Tensor:

@@ -105,7 +105,7 @@ def read_source(directory: str | os.PathLike) -> SourceHead:
     if kind == "eagle3":
         sd = {("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): v for k, v in sd.items()}
     embed = sd.pop("embed_tokens.weight", None)
-    ours = (("fc.", "layers.0.") if kind == "eagle1" else ("fc.", "midlayer.", "norm.", "lm_head.", "d2t", "t2d"))
+    ours = (("fc.", "layers.") if kind == "eagle1" else ("fc.", "midlayer.", "norm.", "lm_head.", "d2t", "t2d"))
     unknown = sorted(k for k in sd if not k.startswith(ours))
     if unknown:
         raise EagleError(f"{weights}: tensors {unknown[:4]}{'...' if len(unknown) > 4 else ''} are not part of an "
@@ -160,6 +160,9 @@ def why_not(fmt: str, src: SourceHead) -> str | None:
         return None if src.kind == "eagle3" else "llama.cpp runs EAGLE-3 drafts only (--spec-type draft-eagle3)"
     if src.kind == "eagle3":
         return None
+    if src.config.get("num_hidden_layers", 1) != 1:  # vLLM, SGLang and the official code loop over layers: untested
+        return (f"it has {src.config['num_hidden_layers']} decoder layers, and the exports are tested with one-layer "
+                "EAGLE-1 heads only (the published heads' kind)")
     if fmt == "official":
         cfg = src.config
         if family != "llama":
@@ -412,7 +415,7 @@ def import_head(source: str | os.PathLike, out_dir: str | os.PathLike, target=No
         tensors = dict(src.tensors)
         if "fc.bias" in tensors and not tensors["fc.bias"].any():  # SGLang's stand-in for no bias
             del tensors["fc.bias"]
-        cfg = eagle1_config(src.config, "fc.bias" in tensors, src.dtype)
+        cfg = eagle1_config(src.config, "fc.bias" in tensors, src.dtype, head.layers)
     else:
         cfg, tensors = _eagle3_export(src, head, tables=True)
     extra = {**{k: v for k, v in src.extra.items() if k not in ("format", "layer_ids")}, "imported_from": fmt}

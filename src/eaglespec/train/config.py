@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field, fields
 
+from ..draft.contract import check_layers
 from ..errors import EagleError
 
 FEATURE_DTYPES = ("bf16", "fp16", "fp32")
@@ -117,6 +118,9 @@ class TrainConfig:
                      "layers, training-time test, own draft vocabulary)", choices=HEAD_KINDS)
     fc_bias: bool = _opt(True, "eagle1: give the head's fc a bias, as the paper; --no-fc-bias trains one without, as the "
                          "LLaMA-3 releases, which vLLM runs exactly (its EAGLE-1 fc has no bias; docs/interop.md)")
+    head_layers: int = _opt(1, "eagle1: decoder layers in the head (the paper: 1; up to 4). --init-from a head of "
+                            "fewer layers grows it: its layers come first, each new one starts as the identity "
+                            "(its output projections zero), so the grown head drafts as the given one did")
     ttt_steps: int = _opt(7, "eagle3: training-time-test steps, the head unrolled on its own outputs (1 = no "
                           "training-time test)")
     ttt_decay: float = _opt(0.8, "eagle3: step k's loss is weighted decay**k (the official EAGLE-3 code)")
@@ -172,6 +176,10 @@ class TrainConfig:
         _check_choice(self, "schedule")
         _check_choice(self, "head")
         parse_layers(self.aux_layers, None)
+        check_layers(self.head_layers)
+        if self.head == "eagle3" and self.head_layers != 1:
+            raise EagleError(f"head_layers={self.head_layers}: an EAGLE-3 head has one decoder layer; --head-layers is "
+                             "for --head eagle1")
         if self.ttt_decay <= 0:
             raise EagleError(f"ttt_decay={self.ttt_decay}: pass --ttt-decay above 0")
         for name in ("epochs", "grad_accum", "micro_batch", "eval_depths", "checkpoint_every", "log_every",

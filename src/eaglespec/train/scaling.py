@@ -58,6 +58,8 @@ LEVERS = {
     # epochs-10's cost. Meant for the all point (--lever-point 15970), the split that head was trained
     # on (--eval-first 128 held out); at another point its held-out figures would not be held out.
     "from-16k": ("--init-from", "smollm2-135m-instruct-16k"),
+    # Capacity: a head of two decoder layers (the paper's has one), from a fresh initialisation.
+    "layers-2": ("--head-layers", "2"),
 }
 # EAGLE-3 (training-time test of 7 steps): the ablation's recipe (docs/training.md), the same 5 epochs.
 EAGLE3_RECIPE = ("--head", "eagle3", "--epochs", "5", "--lr", "1e-3", "--grad-accum", "4", "--warmup", "20",

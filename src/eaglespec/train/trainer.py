@@ -47,7 +47,7 @@ from ..core.verify import greedy_ids
 from ..draft import vocab
 from ..draft.contract import CONFIG, WEIGHTS, read_extra
 from ..draft.eagle3 import Eagle3Config, Eagle3Head
-from ..draft.head import EagleHead
+from ..draft.head import EagleHead, grow_head
 from ..draft.heads import load_head
 from ..draft.shipped import head_dir_for, shipped_names
 from ..errors import EagleError
@@ -196,7 +196,7 @@ class Trainer:
         ranked = torch.sort(self.counts, descending=True, stable=True).indices
         torch.manual_seed(config.seed)
         if config.head == "eagle1":
-            self.head = EagleHead(target.config, fc_bias=config.fc_bias).to(self.device, self.param_dtype)
+            self.head = EagleHead(target.config, fc_bias=config.fc_bias, layers=config.head_layers).to(self.device, self.param_dtype)
             self.lm_head = self._sliced_lm_head(None if config.loss_vocab is None else ranked[:config.loss_vocab])
         else:
             layers = parse_layers(config.aux_layers, target.config.num_hidden_layers)
@@ -256,13 +256,18 @@ class Trainer:
             raise EagleError(f"--init-from {source}: it fuses target layers {list(loaded.hidden_layers)}, this run "
                              f"{list(self.head.hidden_layers)}: train with --aux-layers {','.join(map(str, loaded.hidden_layers))} "
                              "(a capture holding those layers)")
+        grow = self.config.head == "eagle1" and loaded.layers < self.head.layers
         ours, theirs = self.head.state_dict(), loaded.state_dict()
         differ = sorted(k for k in set(ours) | set(theirs) if k not in ours or k not in theirs or ours[k].shape != theirs[k].shape)
+        if grow:  # the layers it lacks are ours alone
+            differ = [k for k in differ if k in theirs]
         if differ:
             raise EagleError(f"--init-from {source}: its tensors differ from the head this run builds ({', '.join(differ[:4])}"
                              f"{' ...' if len(differ) > 4 else ''}): train with the options it was trained with "
-                             "(--fc-bias, --draft-vocab-size, --aux-layers)")
-        self.head.load_state_dict({k: v.to(ours[k].device, ours[k].dtype) for k, v in theirs.items()})
+                             "(--fc-bias, --head-layers, --draft-vocab-size, --aux-layers)")
+        self.head.load_state_dict({k: v.to(ours[k].device, ours[k].dtype) for k, v in theirs.items()}, strict=not grow)
+        if grow:
+            grow_head(self.head, loaded, source)
         if self.config.head == "eagle3":  # its vocabulary came with it
             self.lm_head = self._sliced_lm_head(self.head.target_ids())
 
