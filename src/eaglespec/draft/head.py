@@ -175,11 +175,10 @@ def grow_head(head: EagleHead, given: EagleHead, source: str) -> None:
         for name, param in layer.named_parameters():
             if any(part in _RESIDUAL_OUTPUTS for part in name.split(".")):
                 param.zero_()
-    weight = head.fc.weight
     rng = torch.Generator().manual_seed(0)
-    embeds, features = (torch.randn(1, 5, head.hidden_size, generator=rng).to(weight) for _ in range(2))
-    if not torch.allclose(head(embeds, features), given(embeds.to(given.fc.weight), features.to(given.fc.weight)).to(weight),
-                          rtol=1e-3, atol=1e-4):
+    embeds, features = (torch.randn(1, 5, head.hidden_size, generator=rng) for _ in range(2))
+    grown, was = (copy.deepcopy(h).to("cpu", torch.float32) for h in (head, given))  # either may be bf16, or on a GPU
+    if not torch.allclose(grown(embeds, features), was(embeds, features), rtol=1e-4, atol=1e-5):
         raise EagleError(f"--init-from {source}: a {head.target_config.model_type} head's added layers do not start as "
                          f"the identity with their {', '.join(_RESIDUAL_OUTPUTS)} zero; train the {head.layers}-layer head "
                          "from a fresh initialisation (no --init-from)")

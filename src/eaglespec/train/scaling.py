@@ -60,6 +60,9 @@ LEVERS = {
     "from-16k": ("--init-from", "smollm2-135m-instruct-16k"),
     # Capacity: a head of two decoder layers (the paper's has one), from a fresh initialisation.
     "layers-2": ("--head-layers", "2"),
+    # Both: the shipped 16k head grown to two layers (the new one starts as the identity) and trained two
+    # more epochs, for the all point (--lever-point 15970) like from-16k. Three options: one lever.
+    "grow-16k-2": ("--init-from", "smollm2-135m-instruct-16k", "--head-layers", "2", "--epochs", "2"),
 }
 # EAGLE-3 (training-time test of 7 steps): the ablation's recipe (docs/training.md), the same 5 epochs.
 EAGLE3_RECIPE = ("--head", "eagle3", "--epochs", "5", "--lr", "1e-3", "--grad-accum", "4", "--warmup", "20",
