@@ -388,6 +388,9 @@ def test_init_from_a_head_of_fewer_layers_grows_it_and_drafts_as_it_did_at_first
     assert load_head(tmp_path / "grown", target.config).layers == 2
     with pytest.raises(EagleError, match="its tensors differ from the head this run builds \\(decoder.layers.1"):
         Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "grown")), tmp_path / "y", progress=False)
+    with pytest.raises(EagleError, match="its tensors differ from the head this run builds \\(fc.bias\\)"):
+        Trainer(target, dataset, TrainConfig(init_from=str(tmp_path / "first"), head_layers=2, fc_bias=False),
+                tmp_path / "w", progress=False)  # growing keeps the other options: not the identity's error
     with pytest.raises(EagleError, match="an EAGLE-3 head has one decoder layer"):
         TrainConfig(head="eagle3", head_layers=2)
     with pytest.raises(EagleError, match="an EAGLE-1 head has 1 to 4 decoder layers"):

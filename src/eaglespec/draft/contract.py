@@ -205,10 +205,11 @@ def check_config_against_weights(cfg: dict, kind: str, shapes: dict[str, tuple[i
                              f"({tensor} has shape {shape}): config.json and the weights disagree; fix config.json "
                              "or re-export the head")
     if kind == "eagle1":
-        stated = cfg.get("num_hidden_layers", 1)
+        stated = cfg.get("num_hidden_layers")
         held = len({k.split(".")[1] for k in shapes if k.startswith("layers.") and k.count(".") > 1})
-        if held and held != stated:
-            raise EagleError(f"{Path(directory) / CONFIG}: num_hidden_layers is {stated} but the weights hold {held} "
+        if held and held != (stated or 1):
+            said = "absent (1)" if stated is None else stated
+            raise EagleError(f"{Path(directory) / CONFIG}: num_hidden_layers is {said} but the weights hold {held} "
                              "decoder layers (layers.0 ...): config.json and the weights disagree; fix config.json "
                              "or re-export the head")
 

@@ -162,14 +162,14 @@ class EagleHead(nn.Module):
 
 
 
-_RESIDUAL_OUTPUTS = ("o_proj", "down_proj", "w2")  # the last product of a layer's attention and MLP branches
+_RESIDUAL_OUTPUTS = ("o_proj", "down_proj")  # the last product of a layer's attention and MLP (experts') branches
 
 
 @torch.no_grad()
 def grow_head(head: EagleHead, given: EagleHead, source: str) -> None:
     """`head` holds `given`'s fc and layers, and has more layers: each added layer starts as the
-    identity, the output projections of its attention and MLP (every parameter named o_proj,
-    down_proj or w2, and their biases) zero, so that the grown head drafts as `given` does. Checked
+    identity, the output projections of its attention and MLP (every parameter named o_proj or
+    down_proj, a mixture's fused experts' included, and their biases) zero, so that the grown head drafts as `given` does. Checked
     on a random input, which catches a family whose layers have other names: an EagleError."""
     for layer in head.decoder.layers[given.layers:]:
         for name, param in layer.named_parameters():
@@ -177,7 +177,8 @@ def grow_head(head: EagleHead, given: EagleHead, source: str) -> None:
                 param.zero_()
     rng = torch.Generator().manual_seed(0)
     embeds, features = (torch.randn(1, 5, head.hidden_size, generator=rng) for _ in range(2))
-    grown, was = (copy.deepcopy(h).to("cpu", torch.float32) for h in (head, given))  # either may be bf16, or on a GPU
+    # either may be bf16, or on a GPU; eval: no dropout
+    grown, was = (copy.deepcopy(h).to("cpu", torch.float32).eval() for h in (head, given))
     if not torch.allclose(grown(embeds, features), was(embeds, features), rtol=1e-4, atol=1e-5):
         raise EagleError(f"--init-from {source}: a {head.target_config.model_type} head's added layers do not start as "
                          f"the identity with their {', '.join(_RESIDUAL_OUTPUTS)} zero; train the {head.layers}-layer head "

@@ -57,7 +57,7 @@ class SourceHead:
     kind: str                         # "eagle1" | "eagle3"
     config: dict                      # config.json without our `eaglespec` block
     extra: dict                       # our `eaglespec` block (training summary, target identity), or {}
-    tensors: dict[str, torch.Tensor]  # EAGLE-1: fc.*, layers.0.*; EAGLE-3: fc, midlayer.*, norm, lm_head, d2t, t2d
+    tensors: dict[str, torch.Tensor]  # EAGLE-1: fc.*, layers.N.*; EAGLE-3: fc, midlayer.*, norm, lm_head, d2t, t2d
     weights: Path                     # the file the tensors came from (named in errors)
 
     @property

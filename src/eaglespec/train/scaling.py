@@ -11,8 +11,8 @@ that a lost machine loses at most the point in progress. Every step resumes: tra
 checkpoint, a measured set is not measured again.
 
 `--levers` trains variants of the recipe at one point (`--lever-point`, on the same split), one
-option changed each (LEVERS: epochs, peak learning rate, warm-up, the token loss's vocabulary
-and weight, noise), and measures each on the held-out split and MT-bench, into the same file under "levers".
+change each, of one option or a few (LEVERS: epochs, peak learning rate, warm-up, the token
+loss's vocabulary and weight, noise, continued training, decoder layers), and measures each on the held-out split and MT-bench, into the same file under "levers".
 `--eagle3 K` trains the EAGLE-3 head of point K (training-time test, EAGLE3_RECIPE) from the same
 capture, which must hold the fused layers (`capture --aux-layers auto`), measured like a point.
 Acceptance is measured on the eager kernels (`--compile off`): tau does not depend on them, and
@@ -41,7 +41,7 @@ RECIPE = ("--epochs", "5", "--lr", "6e-4", "--grad-accum", "4", "--warmup", "40"
 # (name, bench dataset, prompt limit): MT-bench tunes the study; HumanEval and our task set check it
 SETS = (("mt-bench", "mt-bench", None), ("humaneval-40", "humaneval", 40), ("tasks", "tasks", None))
 TREE = "eagle1"
-# One option changed each, at one point, measured on the same held-out split and on MT-bench.
+# One change each (of one option or a few), at one point, measured on the same held-out split and on MT-bench.
 LEVERS = {
     "epochs-10": ("--epochs", "10"),
     "lr-3e-4": ("--lr", "3e-4"),

@@ -260,7 +260,8 @@ class Trainer:
         ours, theirs = self.head.state_dict(), loaded.state_dict()
         differ = sorted(k for k in set(ours) | set(theirs) if k not in ours or k not in theirs or ours[k].shape != theirs[k].shape)
         if grow:  # the layers it lacks are ours alone
-            differ = [k for k in differ if k in theirs]
+            new = tuple(f"decoder.layers.{i}." for i in range(loaded.layers, self.head.layers))
+            differ = [k for k in differ if k in theirs or not k.startswith(new)]
         if differ:
             raise EagleError(f"--init-from {source}: its tensors differ from the head this run builds ({', '.join(differ[:4])}"
                              f"{' ...' if len(differ) > 4 else ''}): train with the options it was trained with "
