@@ -93,9 +93,13 @@ def rope_fields(cfg: dict) -> dict:
 EAGLE1_MAX_LAYERS = 4  # an EAGLE-1 head's decoder layers: 1 in the paper; more is a draft model, not a head
 
 
+def _layer_count(layers) -> bool:
+    return type(layers) is int and 1 <= layers <= EAGLE1_MAX_LAYERS
+
+
 def check_layers(layers) -> None:
     """Refuse an EAGLE-1 head's layer count outside 1..EAGLE1_MAX_LAYERS."""
-    if not (type(layers) is int and 1 <= layers <= EAGLE1_MAX_LAYERS):
+    if not _layer_count(layers):
         raise EagleError(f"an EAGLE-1 head has 1 to {EAGLE1_MAX_LAYERS} decoder layers (the paper: 1), got {layers!r}")
 
 
@@ -104,8 +108,7 @@ def head_kind(cfg: dict, source: str) -> str:
     archs = cfg.get("architectures") or []
     if any("eagle3" in str(a).lower() for a in archs) or "draft_vocab_size" in cfg or "eagle_config" in cfg:
         return "eagle3"
-    layers = cfg.get("num_hidden_layers", 1)
-    if "hidden_size" in cfg and type(layers) is int and 1 <= layers <= EAGLE1_MAX_LAYERS:
+    if "hidden_size" in cfg and _layer_count(cfg.get("num_hidden_layers", 1)):
         return "eagle1"
     raise EagleError(f"{source}: config.json describes neither an EAGLE-1 head (a target config with "
                      f"num_hidden_layers 1 to {EAGLE1_MAX_LAYERS}) nor an EAGLE-3 head (architectures "

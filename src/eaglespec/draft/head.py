@@ -6,8 +6,8 @@
 `Layers` is one decoder layer of the target's own family (taken from `transformers`, not copied)
 without its input norm, as the paper, or `layers` of them, the first without its input norm (as
 vLLM's and SGLang's EAGLE-1 models build a head of config.json's `num_hidden_layers`); there is no
-final norm. Draft logits are the target's LM head applied to f_hat. Embedding and LM head belong to the target and are
-not stored: the saved tensors carry the published EAGLE-1 names (`fc.weight`, `fc.bias`,
+final norm. Draft logits are the target's LM head applied to f_hat. Embedding and LM head belong
+to the target and are not stored: the saved tensors carry the published EAGLE-1 names (`fc.weight`, `fc.bias`,
 `layers.0.self_attn.q_proj.weight`, ...); what each engine needs beyond that is written by
 `eaglespec export` (interop/, docs/interop.md).
 """
@@ -169,8 +169,9 @@ _RESIDUAL_OUTPUTS = ("o_proj", "down_proj")  # the last product of a layer's att
 def grow_head(head: EagleHead, given: EagleHead, source: str) -> None:
     """`head` holds `given`'s fc and layers, and has more layers: each added layer starts as the
     identity, the output projections of its attention and MLP (every parameter named o_proj or
-    down_proj, a mixture's fused experts' included, and their biases) zero, so that the grown head drafts as `given` does. Checked
-    on a random input, which catches a family whose layers have other names: an EagleError."""
+    down_proj, a mixture's fused experts' included, and their biases) zero, so that the grown head
+    drafts as `given` does. Checked on a random input, which catches a family whose layers have
+    other names: an EagleError."""
     for layer in head.decoder.layers[given.layers:]:
         for name, param in layer.named_parameters():
             if any(part in _RESIDUAL_OUTPUTS for part in name.split(".")):
