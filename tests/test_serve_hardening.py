@@ -279,15 +279,20 @@ def test_tokenizing_does_not_block_other_clients(gen):
 NEAR_LIMIT = 3_900_000  # bytes of prompt: just under the default 4 MiB body limit (~650k SmolLM2 tokens)
 
 
+GAP_LIMIT = 6  # a stream's longest gap between chunks, in medians of its gaps
+
+
 def test_near_limit_bodies_do_not_stall_a_running_stream():
     """Three bodies just under the default body limit arrive while a stream runs: each is refused
     (400) once its prompt is known to pass the context, and the stream's gaps between chunks stay
-    under 3x their own median, measured in the same run. The tiny model's context is raised to
+    under GAP_LIMIT x their own median, measured in the same run. The tiny model's context is raised to
     2**19 tokens so that no byte count can refuse 3.9 MB unread (its tokenizer's longest entry is
     12 bytes: 6.3 MB); before the fix each body was tokenized whole (one token a character) under
     the lock the worker needs to detokenize every step, and the stream stalled for 25 s.
     The prompt "Hi" is one whose greedy continuation on this tiny model has no special token in
-    its first 200 (one decodes to no text, so no chunk: a gap of two steps). The bodies are
+    its first 200 (one decodes to no text, so no chunk: a gap of two steps). A gap of two steps
+    plus the scheduler's jitter on a loaded machine reached 3.04x the median once (0.501 s against
+    0.165), so the bound is 6x: still 25x below the stall it guards against. The bodies are
     encoded beforehand and sent over bare sockets, so that the test's own clients hold the GIL
     as little as they can."""
     gen = tiny_chat_generator()
@@ -318,7 +323,7 @@ def test_near_limit_bodies_do_not_stall_a_running_stream():
         replies = [future.result() for future in hostile]
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     median = statistics.median(gaps)
-    assert max(gaps) < 3 * median, (f"a gap of {max(gaps):.3f} s, {max(gaps) / median:.1f}x the median "
+    assert max(gaps) < GAP_LIMIT * median, (f"a gap of {max(gaps):.3f} s, {max(gaps) / median:.1f}x the median "
                                     f"{median:.3f} s; gaps: {[round(g, 3) for g in gaps]}")
     for (status, body), param in zip(replies, ("prompt", "prompt.0", "messages")):
         assert status == 400 and body["error"]["param"] == param, body
