@@ -267,3 +267,35 @@ def test_sampling_is_seeded_per_chunk(target, tmp_path):
     sampled = replies("sampled", temperature=1.0, seed=5)
     assert len(set(sampled)) > 1 and sampled == replies("again", temperature=1.0, seed=5)
     assert sampled != replies("other-seed", temperature=1.0, seed=6)
+
+
+def test_a_pause_file_holds_the_run_between_batches(target, tmp_path, monkeypatch):
+    """A PAUSE file in --out (or a running benchmark) stops generation at the next batch until it goes."""
+    import threading
+    import time
+
+    import eaglespec.pause as pause
+    import eaglespec.train.distill as module
+
+    monkeypatch.setattr(pause, "POLL_S", 0.05)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / pause.PAUSE_FILE).touch()
+    batches = []
+    original = module.generate
+    monkeypatch.setattr(module, "generate", lambda *a, **k: batches.append(1) or original(*a, **k))
+    seen_paused = threading.Event()
+
+    def resume_later():
+        time.sleep(0.4)
+        if not batches:  # nothing was generated while the file was there
+            seen_paused.set()
+        (out / pause.PAUSE_FILE).unlink()
+
+    thread = threading.Thread(target=resume_later)
+    thread.start()
+    config = DistillConfig(data=str(chat_file(tmp_path / "chats.jsonl")), max_new_tokens=4, batch_size=4,
+                           chunk_size=3, max_length=256)
+    manifest = distill(target, config, out, progress=False)
+    thread.join()
+    assert seen_paused.is_set() and manifest["complete"] and manifest["records"] == 7 and batches

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..errors import EagleError
 from ..files import atomic_write_bytes
+from ..pause import PAUSE_FILE, idle, wait_if_paused
 from .capture import check_identity
 from .config import DistillConfig, to_dict
 from .data import (DISTILL_FORMAT, DISTILL_MANIFEST, SHAREGPT, DataSummary, TemplateMismatch, check_tokenizer,
@@ -163,11 +164,12 @@ class _Conversation:
 
 
 def distill_chunk(target, chunk: list[list[dict]], config: DistillConfig, stop: Stops, seed: tuple[int, ...],
-                  counts: dict, progress=lambda finished: None) -> list[dict]:
+                  counts: dict, progress=lambda finished: None, wait=lambda: 0.0) -> list[dict]:
     """Regenerate the conversations of a chunk turn by turn. Each round takes the next prompt of
     every conversation that has one, longest first (a batch pads less; memory peaks early), and
-    generates them `batch_size` at a time. -> the records to keep; adds to `counts` and calls
-    `progress(n)` as n more conversations finish."""
+    generates them `batch_size` at a time, calling `wait()` before each batch (a pause point).
+    -> the records to keep; adds to `counts` and calls `progress(n)` as n more conversations
+    finish."""
     from jinja2.exceptions import TemplateError
 
     conversations = [_Conversation(messages) for messages in chunk]
@@ -200,6 +202,7 @@ def distill_chunk(target, chunk: list[list[dict]], config: DistillConfig, stop: 
         active.sort(key=lambda a: -len(a[-1]))
         for b in range(0, len(active), config.batch_size):
             batch = active[b:b + config.batch_size]
+            wait()
             replies = generate(target, [ids for *_, ids in batch], config, stop, _seed(*seed, turn, b))
             for (c, reply, context, _), (new, ended) in zip(batch, replies):
                 content = target.tokenizer.decode(new, skip_special_tokens=True)
@@ -246,7 +249,7 @@ def _existing(directory: Path, target, options: dict, overwrite: bool) -> dict |
     if not directory.is_dir():
         raise EagleError(f"--out {directory} is a file: pass a new or empty directory")
     if not (directory / MANIFEST).exists():
-        if any(p.suffix != ".tmp" for p in directory.iterdir()):
+        if any(p.suffix != ".tmp" and p.name != PAUSE_FILE for p in directory.iterdir()):  # PAUSE: a run paused before it began
             raise EagleError(f"{directory} is not empty and holds no distill run: pass an empty or new --out")
         return None
     manifest = read_distill_manifest(directory, "pass an empty or new --out")  # --overwrite spares a capture
@@ -309,8 +312,9 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
                 bar.set_postfix(new_tokens=manifest["new_tokens"] + counts["new_tokens"], refresh=False)
 
             records = distill_chunk(target, conversations[k * size:(k + 1) * size], config, stop, (config.seed, k),
-                                    counts, advance)
+                                    counts, advance, wait=lambda: wait_if_paused(directory, bar.write))
             _commit(directory, manifest, k, records, counts, str(target.dtype).removeprefix("torch."))
+    idle()  # no more pause checks: benchmarks need not wait for this job
     manifest["complete"] = True
     _write_manifest(directory, manifest)
     return manifest
