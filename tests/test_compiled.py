@@ -406,7 +406,7 @@ def test_a_graph_that_cannot_be_built_is_one_line_with_on_and_eager_decoding_wit
     monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path))
     built = []
 
-    def fail(self, program, path, apart, backends=None):
+    def fail(self, program, path, apart, backends, block):
         path.write_bytes(b"half a package")
         built.append(path)
         if failure == "disk":
@@ -454,12 +454,12 @@ def test_a_bf16_head_whose_graphs_fail_drafts_in_the_targets_dtype_still_compile
 
     tried = []
 
-    def fail_bf16(self, program, path, apart, backends=None):
+    def fail_bf16(self, program, path, apart, backends, block):
         tried.append(path.name)
         # the bf16 head's graphs (their tag ends so), or the target's (tag "f": its feature alone)
         if ("bfloat16" in path.name) if failing == "head" else bool(re.search(r"x\d+-f[.-]", path.name)):
             raise RuntimeError("C++ compile failed:\nerror: no bf16 here")
-        return package(self, program, path, apart, backends)
+        return package(self, program, path, apart, backends, block)
 
     monkeypatch.setattr(CompiledSteps, "_package", fail_bf16)
 
@@ -677,11 +677,11 @@ def test_a_graph_whose_constants_cannot_be_shared_is_packaged_with_them_inside(t
     calls = []
     package, bind = steps._package, steps.constants.bind
 
-    def failing_package(program, path, apart, backends=None):
+    def failing_package(program, path, apart, backends, block):
         calls.append(apart)
         if apart and fails == "package":
             raise RuntimeError("NotImplementedError: Cannot access storage of OpaqueTensorImpl")
-        package(program, path, apart, backends)
+        package(program, path, apart, backends, block)
 
     def failing_bind(runner, path, module):
         if fails == "bind" and calls == [True]:
@@ -714,8 +714,8 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_the_cpus_micro_gemm_block
     oneDNN's linear (which autotuning over cache-hot weights picks, and which streams slower in a
     real step); wider steps and a GPU's keep inductor's own choice. With AVX-512 the micro-GEMMs
     hold at most cpu_gemm_block().rows rows in registers (4: inductor's 8-row block ran 8-row
-    products 1.3-2x slower) and prefetch the weights where it says so (Intel), and the ids stay
-    eager's."""
+    products 1.3-2x slower) and prefetch the weights where it says so (Intel; AMD from 5 rows), and
+    the ids stay eager's."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     target = tiny_target("llama", dtype=torch.float32)
@@ -732,27 +732,30 @@ def test_on_a_cpu_gemms_are_inductors_cpp_templates_of_the_cpus_micro_gemm_block
         if "avx512" in str(pick_vec_isa()).lower():
             blocks = {int(r) for r in re.findall(r"micro_gemm_kernel<(\d+),", code)}
             assert blocks and max(blocks) <= gemm_kernels.cpu_gemm_block().rows == 4, blocks
-        assert ("__builtin_prefetch(B + (k + " in code) == bool(gemm_kernels.cpu_gemm_block().prefetch)
+        assert ("__builtin_prefetch(B + (k + " in code) == bool(gemm_kernels.cpu_gemm_block().at_rows(q).prefetch)
 
 
 @needs_cxx
-@pytest.mark.parametrize("prefetch", [0, 16])
-def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, monkeypatch, prefetch):
+@pytest.mark.parametrize("block", [GemmBlock(2), GemmBlock(2, 16), GemmBlock(2, 16, prefetch_rows=4)],
+                         ids=["none", "all", "from-4-rows"])
+def test_the_weights_prefetch_is_in_the_micro_gemms_and_changes_no_id(tmp_path, monkeypatch, block):
     """A block with a prefetch distance puts one L2 prefetch of the weights, that many k-rows ahead,
-    in each fp32 micro-GEMM kernel of every step (a block without: none), whatever this CPU's own
-    block; a prefetch changes no arithmetic, so the ids stay eager's."""
-    monkeypatch.setattr(gemm_kernels, "cpu_gemm_block", lambda: GemmBlock(2, prefetch))
+    in each fp32 micro-GEMM kernel of every step of at least its prefetch_rows rows (a block
+    without: none), whatever this CPU's own block; a prefetch changes no arithmetic, so the ids
+    stay eager's."""
+    monkeypatch.setattr(gemm_kernels, "cpu_gemm_block", lambda: block)
     target = tiny_target("llama", dtype=torch.float32)
     target.steps = CompiledSteps(target, progress=False, autotune=True, folder=tmp_path)
     eager = tiny_target("llama", dtype=torch.float32)
     assert ids(EagleGenerator(target, random_head(target), "chain:3"), 8) == ids(EagleGenerator(eager, None), 8, speculative=False)
-    kept = sorted(tmp_path.glob("step-1x*-f.pt2"))
-    assert kept
-    for package in kept:
+    kept = {int(re.match(r"step-1x(\d+)x", p.name)[1]): p for p in tmp_path.glob("step-1x*-f.pt2")}
+    assert {1, 4} <= set(kept)  # the vanilla step and the chain's verification
+    for q, package in kept.items():
         code = _kernels(package)
         kernels = len(re.findall(r"inline void \w+_micro_gemm_kernel\(", code))  # one per GEMM of the step
-        assert kernels and code.count(gemm_kernels.prefetch_code(prefetch or 32).strip()) == (kernels if prefetch else 0)
-        assert prefetch or "__builtin_prefetch" not in code
+        prefetched = bool(block.prefetch) and q >= block.prefetch_rows
+        assert kernels and code.count(gemm_kernels.prefetch_code(block.prefetch or 32).strip()) == (kernels if prefetched else 0)
+        assert prefetched or "__builtin_prefetch" not in code
 
 
 def test_the_cpu_vendor_and_model_are_read_from_cpuinfo(monkeypatch):
@@ -797,7 +800,8 @@ def test_an_intel_cpu_prefetches_only_with_avx512_kernels_and_a_template_that_ta
     assert gemm_kernels.prefetch_line() is not None
 
 
-@pytest.mark.parametrize("vendor,block", [("AuthenticAMD", GemmBlock(4)), ("GenuineIntel", GemmBlock(4, 32)), ("", GemmBlock(4))])
+@pytest.mark.parametrize("vendor,block", [("AuthenticAMD", GemmBlock(4, 32, prefetch_rows=5)), ("GenuineIntel", GemmBlock(4, 32)),
+                                          ("", GemmBlock(4))])
 def test_the_gemm_kernels_patch_changes_only_fp32_avx512_blocks_and_the_fp32_template_and_is_undone(monkeypatch, vendor, block):
     """gemm_kernels.micro_gemms: while it holds, inductor's fp32 AVX-512 micro-GEMM shapes have at
     most cpu_gemm_block().rows rows (4) and every other shape is as it was, and the fp32 kernel
@@ -1147,3 +1151,16 @@ def test_a_micro_gemm_block_refuses_what_no_kernel_can_be(rows, prefetch, field)
     with pytest.raises(ValueError, match=f"micro-GEMM block's {field}"):
         GemmBlock(rows, prefetch)
     assert str(GemmBlock(2, 16)) == "r2-p16" and str(GemmBlock(1)) == "r1"
+
+
+def test_a_blocks_prefetch_from_some_rows_is_dropped_below_them_and_named_apart():
+    """GemmBlock.at_rows(m): the block a graph of m GEMM rows is built with, its name the graph
+    cache's key: the prefetch only from prefetch_rows rows on; a block's name tells the rules apart."""
+    amd = GemmBlock(4, 32, prefetch_rows=5)
+    assert [amd.at_rows(m) for m in (1, 4, 5, 8)] == [GemmBlock(4), GemmBlock(4), GemmBlock(4, 32), GemmBlock(4, 32)]
+    assert GemmBlock(4, 32).at_rows(1) == GemmBlock(4, 32) and GemmBlock(4).at_rows(8) == GemmBlock(4)
+    assert len({str(amd), str(GemmBlock(4, 32)), str(GemmBlock(4))}) == 3 and str(amd) == "r4-p32-m5"
+    assert str(GemmBlock(4, 0, prefetch_rows=5)) == "r4"  # no prefetch: nothing to start anywhere
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="micro-GEMM block's prefetch_rows"):
+            GemmBlock(4, 32, prefetch_rows=bad)

@@ -496,14 +496,15 @@ class _Package:
 class _Jit:
     """A graph compiled in this process (torch.compile), called like a loaded package."""
 
-    def __init__(self, module: torch.nn.Module, autotune: bool, gemm_backends: str | None = None):
+    def __init__(self, module: torch.nn.Module, autotune: bool, gemm_backends: str | None = None,
+                 gemm_block: gemm_kernels.GemmBlock | None = None):
         self.module = torch.compile(module, dynamic=False)
         self.autotune = autotune
         self.gemm_backends = gemm_backends
         self.attention = _Attention(module)
         weight = next(module.parameters(), None)
         self.device_type = "cpu" if weight is None else weight.device.type
-        self.gemm_block = gemm_kernels.cpu_gemm_block() if self.device_type == "cpu" else None  # once: __call__ runs every step
+        self.gemm_block = gemm_block  # the graph's (GemmBlock.at_rows), or None: inductor's own kernels
 
     def __call__(self, *args):
         # inductor reads `freezing` from its global config while it compiles (an `options=` entry
@@ -759,11 +760,13 @@ class CompiledSteps:
     def _build(self, key: tuple, args: tuple, module: torch.nn.Module, what: str):
         rows, q, cap, layers = key
         backends = self._gemm_backends(rows, q)
+        cpu = self.target.device.type == "cpu"
+        block = gemm_kernels.cpu_gemm_block().at_rows(rows * q) if cpu else None
         what = f"{what} for {rows} row(s) x {q} token(s)" + (f" x {cap} cache slots" if cap else "")
         module = module.eval()
         if self.folder is None:
             self._say(f"compiling {what} (in this process)")
-            return _Jit(module, self.autotune, backends)
+            return _Jit(module, self.autotune, backends, block)
         tag = layers if isinstance(layers, str) else "f" if layers is None else "l" + "-".join(map(str, layers))
         path = self.folder / f"step-{rows}x{q}x{cap}-{tag}{'' if self.autotune else '-noautotune'}.pt2"
         if path.is_file():
@@ -782,10 +785,10 @@ class CompiledSteps:
                                                             for a in args), strict=False)
         except Exception as exc:  # data-dependent shapes (MoE routing) do not export
             self._say(f"note: {what} cannot be exported ({one_line(exc, 120)}); compiled in this process instead")
-            return _Jit(module, self.autotune, backends)
+            return _Jit(module, self.autotune, backends, block)
         partial = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # never read: renamed when whole
         try:
-            runner = self._package_and_bind(program, partial, path, module, backends)
+            runner = self._package_and_bind(program, partial, path, module, backends, block)
         except Exception as exc:
             raise CompileFailed(what, path.parent, exc) from exc
         finally:
@@ -793,14 +796,14 @@ class CompiledSteps:
         self._say(f"  built in {time.perf_counter() - began:.0f} s")
         return runner if runner is not None else self._load(path, module)
 
-    def _package_and_bind(self, program, partial, path, module, backends):
+    def _package_and_bind(self, program, partial, path, module, backends, block):
         """Build `program`'s package at `partial`, then rename it to `path` -> its loaded runner
         when its constants could be kept beside it and bound (else None: load `path`)."""
         runner = None
         try:  # constants beside the .so, shared; bound before the package is kept
             with _unique_constant_names() as apart:
                 if apart:
-                    self._package(program, partial, True, backends)
+                    self._package(program, partial, True, backends, block)
                     runner = self._load(partial, module)
         except Exception as exc:
             if disk_full(exc) is not None:  # building it again cannot help
@@ -810,14 +813,14 @@ class CompiledSteps:
             self._say(f"  its constants cannot be kept beside it ({one_line(exc, 100)}): "
                       "building it again with them inside (this graph's weights are not shared)")
         if runner is None:
-            self._package(program, partial, False, backends)
+            self._package(program, partial, False, backends, block)
         os.replace(partial, path)
         return runner
 
-    def _package(self, program, path, apart: bool, backends: str | None = None) -> None:
+    def _package(self, program, path, apart: bool, backends: str | None, block) -> None:
         def build(choice):
             with torch._inductor.config.patch(_inductor_options(self.autotune, apart, choice)), \
-                    gemm_kernels.micro_gemms(self.target.device.type):
+                    gemm_kernels.micro_gemms(self.target.device.type, block):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
         gemm_kernels.gemm_fallback(build, backends, lambda exc: self._say(

@@ -54,9 +54,14 @@ CPU_GEMM_BACKENDS = "CPP"
 # q = 1 / 2 / 4 / 8 tokens, 24.1 / 26.7 / 30.9 / 34.7 ms with 2-row blocks and no prefetch,
 # 22.5 / 23.4 / 25.9 / 31.0 with 2 rows and the prefetch, 22.6 / 22.8 / 24.5 / 31.1 with 4 rows
 # and the prefetch (8 rows: 33.0 at q = 8). A prefetch changes no arithmetic. So Intel CPUs block
-# 4 rows and prefetch where inductor builds AVX-512 kernels (measured on that one Intel kind); the
-# others block 4 rows without it (measured on AMD's family-26 kind; on the Zen 4 kind 4 rows beat
-# inductor's 8 in session 20; neither the prefetch nor 2 rows measured on AMD).
+# 4 rows and prefetch where inductor builds AVX-512 kernels (measured on that one Intel kind).
+# On the Zen 4 kind (AMD family 25) the same prefetch helps only the widest template steps
+# (docs/benchmarks.md, "The weights' prefetch on the Zen 4 kind"): five runs of whole steps side by
+# side, q = 8 took 24.8-27.9 ms with it against 27.3-30.9 without (4-15% less in every run), q = 1
+# the same either way (0.2 ms apart or less in the longer runs), q = 2 and 4 0-2.7 ms more with
+# it. So AMD CPUs block 4 rows and prefetch in graphs of 5 rows or more (prefetch_rows; AMD's
+# family-26 kind, where 4 rows were measured, was not measured with a prefetch). Other vendors:
+# 4 rows, no prefetch.
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class GemmBlock:
 
     rows: int          # the most rows a micro-kernel holds in registers
     prefetch: int = 0  # how many k-rows of weights ahead each k-step prefetches into L2 (0: none)
+    prefetch_rows: int = 1  # the prefetch goes only into the GEMMs of graphs of at least this many rows
 
     def __post_init__(self):
         # type(x) is int: a bool (or numpy integer) would pass isinstance and print apart ("rTrue") in keys
@@ -73,23 +79,37 @@ class GemmBlock:
         if not (type(self.prefetch) is int and self.prefetch >= 0):
             raise ValueError(f"a micro-GEMM block's prefetch is a whole number (int) of k-rows, 0 (none) or more, "
                              f"got {self.prefetch!r}")
+        if not (type(self.prefetch_rows) is int and self.prefetch_rows >= 1):
+            raise ValueError(f"a micro-GEMM block's prefetch_rows is a whole number (int) of rows, 1 or more, "
+                             f"got {self.prefetch_rows!r}")
 
     def __str__(self) -> str:
-        return f"r{self.rows}" + (f"-p{self.prefetch}" if self.prefetch else "")
+        prefetch = f"-p{self.prefetch}" + (f"-m{self.prefetch_rows}" if self.prefetch_rows > 1 else "")
+        return f"r{self.rows}" + (prefetch if self.prefetch else "")
+
+    def at_rows(self, m: int) -> GemmBlock:
+        """The block a graph whose GEMMs have m rows (tokens x sequences) is built with: without the
+        prefetch below prefetch_rows rows; it names what that graph holds (in its cache key)."""
+        if not self.prefetch or m >= self.prefetch_rows:
+            return dataclasses.replace(self, prefetch_rows=1) if self.prefetch else self
+        return GemmBlock(self.rows)
 
 
-CPU_GEMM_BLOCKS = {"GenuineIntel": GemmBlock(4, 32)}  # by /proc/cpuinfo's vendor_id; the artefacts' key holds it
+CPU_GEMM_BLOCKS = {  # by /proc/cpuinfo's vendor_id; the artefacts' key holds it
+    "GenuineIntel": GemmBlock(4, 32),
+    "AuthenticAMD": GemmBlock(4, 32, prefetch_rows=5),  # measured on the Zen 4 kind (family 25), above
+}
 CPU_GEMM_BLOCK_DEFAULT = GemmBlock(4)
 
 
 def cpu_gemm_block() -> GemmBlock:
-    """The micro-GEMM block inductor's fp32 GEMMs are built with on this CPU; no prefetch where it
-    builds other than AVX-512 kernels (measured with those only) or this torch's micro-GEMM
-    template cannot take one."""
+    """The micro-GEMM block inductor's fp32 GEMMs are built with on this CPU (a graph of m rows:
+    `.at_rows(m)`); no prefetch where it builds other than AVX-512 kernels (measured with those
+    only) or this torch's micro-GEMM template cannot take one."""
     from .target import cpu_vendor
 
     block = CPU_GEMM_BLOCKS.get(cpu_vendor(), CPU_GEMM_BLOCK_DEFAULT)
-    return block if not block.prefetch or _avx512_prefetch() else dataclasses.replace(block, prefetch=0)
+    return block if not block.prefetch or _avx512_prefetch() else GemmBlock(block.rows)
 
 
 def gemm_block(device: torch.device) -> str | None:
@@ -174,7 +194,8 @@ def _block_key(block: GemmBlock):
 def micro_gemms(device_type: str, block: GemmBlock | None = ...):
     """While inductor builds a graph on a CPU: its fp32 AVX-512 micro-GEMMs block at most
     block.rows rows, and its fp32 micro-GEMM kernels prefetch the weights block.prefetch k-rows
-    ahead into L2 (default cpu_gemm_block(); patches of its table of micro-kernel shapes and of its
+    ahead into L2, whatever the graph's rows (the caller passes `block.at_rows(m)` for a graph of m
+    rows; default cpu_gemm_block(); patches of its table of micro-kernel shapes and of its
     kernel template, restored afterwards; None, or a torch without them: its own kernels). VecAMX's
     own shapes (bf16, int8) are not changed; fp32 on an AMX machine runs the AVX-512 ones. A nested
     use keeps the outer one's block."""
@@ -187,7 +208,7 @@ def micro_gemms(device_type: str, block: GemmBlock | None = ...):
         return
     block = cpu_gemm_block() if block is ... else block
     if prefetch_line() is None:  # the key names only what is built
-        block = dataclasses.replace(block, prefetch=0)
+        block = GemmBlock(block.rows)
     configs, micro = found
     blocking = type(configs[0].register_blocking)
     kernel = micro.CppMicroGemmFP32Vec
