@@ -54,7 +54,8 @@ def test_the_gemm_command_refuses_bad_options_in_one_line_before_building(monkey
         gemm.main(["--register-rows", "inductor,x"])
     with pytest.raises(SystemExit, match="--blocks '2p': give"):
         gemm.main(["--blocks", "2p"])
-    assert gemm._blocks("inductor,4,2p32,r4-p16,any") == [None, GemmBlock(4), GemmBlock(2, 32), GemmBlock(4, 16), gemm.ANY]
+    assert gemm._blocks("inductor,4,2p32,r4-p16,any,4p32m5,r4-p32-m5") == [None, GemmBlock(4), GemmBlock(2, 32), GemmBlock(4, 16),
+                                                                        gemm.ANY, GemmBlock(4, 32, 5), GemmBlock(4, 32, 5)]
     with monkeypatch.context() as m:  # a torch whose template takes no prefetch
         m.setattr(gemm_kernels, "prefetch_line", lambda: None)
         with pytest.raises(SystemExit, match="--blocks '4,2p32': this torch's micro-GEMM template has no line"):

@@ -5,9 +5,10 @@ A stack of `--products` products of `--shape` (default: SmolLM2-135M's MLP, 576 
 them: 425 MB of fp32 weights, far more than the caches hold) is built as an AOTInductor package
 with frozen weights and the C++ templates alone (gemm_kernels.CPU_GEMM_BACKENDS), once for each row
 count and block (`--blocks`: `R` holds at most R rows in registers, `RpD` also prefetches the
-weights D k-rows ahead into L2, as gemm_kernels.cpu_gemm_block() chooses; `inductor`: inductor's own
-table; `any`: max-autotune's own pick among all its GEMM backends, oneDNN's included, as a step
-wider than gemm_kernels.CPU_TEMPLATE_ROWS is built). All are then timed in shuffled interleaved
+weights D k-rows ahead into L2, `RpDmM` only at M rows or more, as gemm_kernels.cpu_gemm_block()
+chooses; `inductor`: inductor's own table; `any`: max-autotune's own pick among all its GEMM
+backends, oneDNN's included, as a step wider than gemm_kernels.CPU_TEMPLATE_ROWS is built). All
+are then timed in shuffled interleaved
 rounds in one process (medians), so a machine shared with other work slows them alike. It
 measured the rules behind gemm_kernels.CPU_GEMM_BLOCKS (docs/benchmarks.md). Each package keeps its
 weights inside its .so: the defaults hold 12 x 425 MB in memory, and as much in a temporary
@@ -48,14 +49,15 @@ def _blocks(text: str) -> list:
 
     out = []
     for part in text.split(","):
-        found = re.fullmatch(r"r?(\d+)(?:-?p(\d+))?", part)
+        found = re.fullmatch(r"r?(\d+)(?:-?p(\d+)(?:-?m(\d+))?)?", part)
         if part in ("inductor", ANY):
             out.append(None if part == "inductor" else ANY)
-        elif found and int(found[1]) > 0:
-            out.append(GemmBlock(int(found[1]), int(found[2] or 0)))
+        elif found and int(found[1]) > 0 and int(found[3] or 1) > 0:
+            out.append(GemmBlock(int(found[1]), int(found[2] or 0), int(found[3] or 1)))
         else:
             raise EagleError(f"--blocks {text!r}: give 'inductor', 'any', a positive number of register rows, or "
-                             "rows and a prefetch distance (2p32), comma-separated, e.g. inductor,4,2p32")
+                             "rows and a prefetch distance (2p32), and the fewest rows that prefetch (4p32m5), "
+                             "comma-separated, e.g. inductor,4,2p32")
     return out
 
 
@@ -83,6 +85,7 @@ def gemm_times(rows: list[int], blocks: list, products: int = 120,
                 # no cache: each block's build is its own (its first run, before inductor's graph
                 # cache keyed on the block, was served the first block's code for the second)
                 backends, kernels = (None, cpu_gemm_block()) if block == ANY else (CPU_GEMM_BACKENDS, block)
+                kernels = kernels and kernels.at_rows(m)  # as a step of m rows is built (None: inductor's)
                 options = _inductor_options(True, gemm_backends=backends) | {"force_disable_caches": True}
                 with torch._inductor.config.patch(options), micro_gemms("cpu", kernels):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(path))
