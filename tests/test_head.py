@@ -133,6 +133,15 @@ def test_head_for_another_target_is_refused(tmp_path):
         EagleHead.from_pretrained(tmp_path, tiny_config("llama", hidden_size=32))
 
 
+def test_a_small_whole_model_passed_as_a_head_is_named_as_one(tmp_path):
+    """A whole HF model of 1-4 layers has a config an EAGLE-1 head could have: its weights tell it apart."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path)
+    with pytest.raises(EagleError, match=r"holds a whole model \(model.layers.\*\), not an EAGLE-1 head"):
+        EagleHead.from_pretrained(tmp_path, tiny_config("llama"))
+
+
 def test_official_pytorch_model_bin_loads_without_unpickling_code(tmp_path):
     cfg = tiny_config("llama")
     torch.manual_seed(0)

@@ -124,6 +124,9 @@ class EagleHead(nn.Module):
     def load_eagle_state_dict(self, sd: dict[str, torch.Tensor], source: str = "head") -> None:
         expected = self.eagle_state_dict()
         missing = sorted(set(expected) - set(sd))
+        if missing and any(k.startswith("model.layers.") for k in sd):  # a whole HF model of 1-4 layers
+            raise EagleError(f"{source}: holds a whole model (model.layers.*), not an EAGLE-1 head (fc, layers.*): "
+                             "pass a model as --target and a draft head as --head")
         if missing:
             raise EagleError(f"{source}: missing tensors {missing[:4]}{'...' if len(missing) > 4 else ''}; not an EAGLE-1 head for this target")
         for k, v in expected.items():
