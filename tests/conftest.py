@@ -1,6 +1,9 @@
 """Shared fixtures: tiny random-weight HF models of several architectures, built in-process."""
 
+import contextlib
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -61,6 +64,30 @@ def tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float64, check: 
     if check:
         target.check_tree_forward()
     return target
+
+
+@contextlib.contextmanager
+def paused_for_a_while(folder, work: list, monkeypatch, seconds: float = 0.4):
+    """A PAUSE file in `folder` for `seconds`, then removed, while the body runs a long job there
+    -> an Event, set if `work` (what the job appends to as it works) was still empty when the file went."""
+    import eaglespec.pause as pause
+
+    monkeypatch.setattr(pause, "POLL_S", 0.05)
+    (folder / pause.PAUSE_FILE).touch()
+    seen_paused = threading.Event()
+
+    def resume_later():
+        time.sleep(seconds)
+        if not work:  # nothing was done while the file was there
+            seen_paused.set()
+        (folder / pause.PAUSE_FILE).unlink()
+
+    thread = threading.Thread(target=resume_later)
+    thread.start()
+    try:
+        yield seen_paused
+    finally:
+        thread.join()
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from conftest import tiny_target
+from conftest import paused_for_a_while, tiny_target
 from eaglespec.errors import EagleError
 from eaglespec.train.capture import MANIFEST, FeatureDataset, OnlineDataset, capture
 from eaglespec.train.config import CaptureConfig
@@ -227,29 +227,11 @@ def test_other_write_errors_are_not_called_a_full_disk(target, tmp_path, monkeyp
 
 
 def test_a_pause_file_holds_the_capture_between_conversations(target, tmp_path, monkeypatch):
-    import threading
-
-    import eaglespec.pause as pause
-
-    monkeypatch.setattr(pause, "POLL_S", 0.05)
     tmp_path.mkdir(exist_ok=True)
-    (tmp_path / pause.PAUSE_FILE).touch()
     forwards = []
     counting = FailingTarget(target, calls=100)
     original = counting.capture_states
     counting.capture_states = lambda *a, **k: forwards.append(1) or original(*a, **k)
-    seen_paused = threading.Event()
-
-    def resume_later():
-        import time
-
-        time.sleep(0.4)
-        if not forwards:  # nothing was captured while the file was there
-            seen_paused.set()
-        (tmp_path / pause.PAUSE_FILE).unlink()
-
-    thread = threading.Thread(target=resume_later)
-    thread.start()
-    manifest = capture(counting, CONFIG, tmp_path, examples=synthetic_examples(), progress=False)
-    thread.join()
+    with paused_for_a_while(tmp_path, forwards, monkeypatch) as seen_paused:
+        manifest = capture(counting, CONFIG, tmp_path, examples=synthetic_examples(), progress=False)
     assert seen_paused.is_set() and manifest["complete"] and len(forwards) == 7

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import paused_for_a_while, tiny_model
 from eaglespec.engine.target import TargetModel
 from eaglespec.errors import EagleError
 from eaglespec.train.config import DataConfig, DistillConfig
@@ -271,31 +271,15 @@ def test_sampling_is_seeded_per_chunk(target, tmp_path):
 
 def test_a_pause_file_holds_the_run_between_batches(target, tmp_path, monkeypatch):
     """A PAUSE file in --out (or a running benchmark) stops generation at the next batch until it goes."""
-    import threading
-    import time
-
-    import eaglespec.pause as pause
     import eaglespec.train.distill as module
 
-    monkeypatch.setattr(pause, "POLL_S", 0.05)
     out = tmp_path / "out"
     out.mkdir()
-    (out / pause.PAUSE_FILE).touch()
     batches = []
     original = module.generate
     monkeypatch.setattr(module, "generate", lambda *a, **k: batches.append(1) or original(*a, **k))
-    seen_paused = threading.Event()
-
-    def resume_later():
-        time.sleep(0.4)
-        if not batches:  # nothing was generated while the file was there
-            seen_paused.set()
-        (out / pause.PAUSE_FILE).unlink()
-
-    thread = threading.Thread(target=resume_later)
-    thread.start()
     config = DistillConfig(data=str(chat_file(tmp_path / "chats.jsonl")), max_new_tokens=4, batch_size=4,
                            chunk_size=3, max_length=256)
-    manifest = distill(target, config, out, progress=False)
-    thread.join()
+    with paused_for_a_while(out, batches, monkeypatch) as seen_paused:
+        manifest = distill(target, config, out, progress=False)
     assert seen_paused.is_set() and manifest["complete"] and manifest["records"] == 7 and batches
