@@ -164,6 +164,27 @@ def test_resume_writes_the_same_files_and_refusals_change_nothing(target, tmp_pa
     assert files(tmp_path / "cut") == files(tmp_path / "whole")
 
 
+def test_a_larger_max_examples_extends_a_run(target, tmp_path, monkeypatch):
+    data = chat_file(tmp_path / "chats.jsonl")
+    config = DistillConfig(data=str(data), max_new_tokens=8, temperature=0.9, seed=3, batch_size=2, chunk_size=2,
+                           max_length=256)
+    whole = distill(target, config, tmp_path / "whole", progress=False)
+    small = distill(target, replace(config, max_examples=3), tmp_path / "grown", progress=False)
+    assert (small["complete"], small["conversations"], len(small["chunks"])) == (True, 3, 2)
+    with pytest.raises(EagleError, match="other options \\(max_examples\\)"):  # fewer: refused, nothing changes
+        distill(target, replace(config, max_examples=2), tmp_path / "grown", progress=False)
+
+    rows = []
+    real = target.model.generate
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: rows.append(len(k["input_ids"])) or real(*a, **k))
+    distill(target, replace(config, max_examples=4), tmp_path / "grown", progress=False)
+    assert sum(rows) == sum(c["replies"] for c in whole["chunks"][1:2])  # chunk 1 again, now with 2 conversations
+    rows.clear()
+    grown = distill(target, config, tmp_path / "grown", progress=False)  # all of them
+    assert sum(rows) == sum(c["replies"] for c in whole["chunks"][2:])  # the full chunks 0 and 1 were kept
+    assert grown == whole and files(tmp_path / "grown") == files(tmp_path / "whole")
+
+
 def test_other_folders_are_refused_and_overwrite_starts_again(target, tmp_path):
     data = chat_file(tmp_path / "chats.jsonl", n=2)
     config = DistillConfig(data=str(data), max_new_tokens=4, max_length=256)

@@ -21,7 +21,9 @@ An output directory holds
     chunk-00000.jsonl   {"messages": [...]} a line (OpenAI format), for `--chunk-size` conversations
 Chunks are written atomically and enter the manifest only once complete, so a rerun continues after
 the last complete one; sampling is seeded per (seed, chunk, turn, batch), so a resumed run writes
-the same files as an uninterrupted one. `--data DIR` reads a finished directory.
+the same files as an uninterrupted one. A rerun with a larger `--max-examples` (all else the same)
+extends a run: the earlier conversations are the first of the larger selection, so their chunks are
+kept. `--data DIR` reads a finished directory.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import hashlib
 import itertools
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -256,11 +258,36 @@ def _existing(directory: Path, target, options: dict, overwrite: bool) -> dict |
     if overwrite:
         return None
     check_identity(manifest["target"], target, f"distill directory {directory}")
-    if manifest["options"] != options:
-        diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
+    diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
+    if diff and not (diff == ["max_examples"] and _more(options["max_examples"], manifest["options"]["max_examples"])):
         raise EagleError(f"distill directory {directory} was made with other options ({', '.join(diff)}): "
-                         "rerun with the same options to resume, or pass --overwrite or another --out")
+                         "rerun with the same options to resume (or with a larger --max-examples to extend it), "
+                         "or pass --overwrite or another --out")
     return manifest
+
+
+def _more(new: int | None, old: int | None) -> bool:
+    """Whether --max-examples `new` selects more conversations than `old` (None: all of them)."""
+    return old is not None and (new is None or new > old)
+
+
+def _extend(directory: Path, manifest: dict, tokenizer, config: DistillConfig, summary: DataSummary,
+            total: int) -> None:
+    """Grow a run made with a smaller --max-examples into one of `config`'s. The selection is made
+    in source order, so the earlier run's conversations are the first of the new one: its full
+    chunks are kept, and a last chunk holding fewer than --chunk-size conversations is generated
+    again with the ones that now complete it. The files then equal those of one run of `config`."""
+    earlier = DataSummary()
+    select(tokenizer, replace(config, max_examples=manifest["options"]["max_examples"]), earlier)
+    if manifest["summary"] != earlier.to_dict():
+        raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
+                         "tokenizer or chat template?): pass --overwrite or another --out")
+    if total > manifest["total"] and manifest["conversations"] % config.chunk_size:
+        last = manifest["chunks"].pop()
+        for key in COUNTS:
+            manifest[key] -= last[key]
+    manifest.update(options=to_dict(config), summary=summary.to_dict(), total=total, complete=False)
+    _write_manifest(directory, manifest)
 
 
 def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite: bool = False,
@@ -276,7 +303,8 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
         raise EagleError(f"--out {directory} is the --data directory: write the new run elsewhere")
     options = to_dict(config)
     manifest = _existing(directory, target, options, overwrite)
-    if manifest is not None and manifest["complete"]:
+    extend = manifest is not None and manifest["options"] != options
+    if manifest is not None and manifest["complete"] and not extend:
         return manifest
     digest = source_digest(config.data)
     if manifest is not None and manifest["data_sha256"] != digest:
@@ -287,7 +315,9 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
     summary = DataSummary()
     conversations = select(target.tokenizer, config, summary)
     check_usable(summary, config)
-    if manifest is not None and manifest["summary"] != summary.to_dict():
+    if extend:
+        _extend(directory, manifest, target.tokenizer, config, summary, len(conversations))
+    elif manifest is not None and manifest["summary"] != summary.to_dict():
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
     stop = stops(target)
