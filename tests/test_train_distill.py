@@ -164,25 +164,34 @@ def test_resume_writes_the_same_files_and_refusals_change_nothing(target, tmp_pa
     assert files(tmp_path / "cut") == files(tmp_path / "whole")
 
 
-def test_a_larger_max_examples_extends_a_run(target, tmp_path, monkeypatch):
+def test_another_max_examples_extends_a_run_or_ends_it_sooner(target, tmp_path, monkeypatch):
     data = chat_file(tmp_path / "chats.jsonl")
     config = DistillConfig(data=str(data), max_new_tokens=8, temperature=0.9, seed=3, batch_size=2, chunk_size=2,
                            max_length=256)
+    runs = {n: distill(target, replace(config, max_examples=n), tmp_path / f"run{n}", progress=False)
+            for n in (2, 3, 4)}
     whole = distill(target, config, tmp_path / "whole", progress=False)
     small = distill(target, replace(config, max_examples=3), tmp_path / "grown", progress=False)
     assert (small["complete"], small["conversations"], len(small["chunks"])) == (True, 3, 2)
-    with pytest.raises(EagleError, match="other options \\(max_examples\\)"):  # fewer: refused, nothing changes
-        distill(target, replace(config, max_examples=2), tmp_path / "grown", progress=False)
 
     rows = []
     real = target.model.generate
     monkeypatch.setattr(target.model, "generate", lambda *a, **k: rows.append(len(k["input_ids"])) or real(*a, **k))
     distill(target, replace(config, max_examples=4), tmp_path / "grown", progress=False)
     assert sum(rows) == sum(c["replies"] for c in whole["chunks"][1:2])  # chunk 1 again, now with 2 conversations
+    assert files(tmp_path / "grown") == files(tmp_path / "run4")
+    before = files(tmp_path / "grown")
+    with pytest.raises(EagleError, match="holds 4 finished conversations: --max-examples 3 would drop some"):
+        distill(target, replace(config, max_examples=3), tmp_path / "grown", progress=False)
+    assert files(tmp_path / "grown") == before
     rows.clear()
     grown = distill(target, config, tmp_path / "grown", progress=False)  # all of them
     assert sum(rows) == sum(c["replies"] for c in whole["chunks"][2:])  # the full chunks 0 and 1 were kept
     assert grown == whole and files(tmp_path / "grown") == files(tmp_path / "whole")
+
+    rows.clear()  # fewer: the partial last chunk goes, its file too
+    assert distill(target, replace(config, max_examples=2), tmp_path / "run3", progress=False) == runs[2]
+    assert rows == [] and files(tmp_path / "run3") == files(tmp_path / "run2")
 
 
 def test_other_folders_are_refused_and_overwrite_starts_again(target, tmp_path):

@@ -65,7 +65,7 @@ def add_distill_parser(subparsers) -> argparse.ArgumentParser:
                     "chunk-NNNNN.jsonl files and a manifest; pass the directory as --data to capture or train. "
                     "--max-examples counts the conversations kept; a prompt longer than --max-length ends its "
                     "conversation before that turn (--overflow skip drops the conversation). Rerunning the same "
-                    "command continues an interrupted run; with a larger --max-examples it extends a finished one.")
+                    "command continues an interrupted run; another --max-examples extends a run or ends it sooner.")
     _add_common(p)
     add_config_arguments(p, DistillConfig, "distill options")
     p.set_defaults(func=run_distill)

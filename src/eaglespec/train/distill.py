@@ -21,9 +21,10 @@ An output directory holds
     chunk-00000.jsonl   {"messages": [...]} a line (OpenAI format), for `--chunk-size` conversations
 Chunks are written atomically and enter the manifest only once complete, so a rerun continues after
 the last complete one; sampling is seeded per (seed, chunk, turn, batch), so a resumed run writes
-the same files as an uninterrupted one. A rerun with a larger `--max-examples` (all else the same)
-extends a run: the earlier conversations are the first of the larger selection, so their chunks are
-kept. `--data DIR` reads a finished directory.
+the same files as an uninterrupted one. A rerun with another `--max-examples` (all else the same)
+extends a run, or stops an unfinished one sooner: the conversations are chosen in source order, so
+those of its full chunks are the first of the new selection and are kept. `--data DIR` reads a
+finished directory.
 """
 
 from __future__ import annotations
@@ -259,35 +260,39 @@ def _existing(directory: Path, target, options: dict, overwrite: bool) -> dict |
         return None
     check_identity(manifest["target"], target, f"distill directory {directory}")
     diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
-    if diff and not (diff == ["max_examples"] and _more(options["max_examples"], manifest["options"]["max_examples"])):
+    if diff and diff != ["max_examples"]:
         raise EagleError(f"distill directory {directory} was made with other options ({', '.join(diff)}): "
-                         "rerun with the same options to resume (or with a larger --max-examples to extend it), "
+                         "rerun with the same options to resume (--max-examples may change), "
                          "or pass --overwrite or another --out")
     return manifest
 
 
-def _more(new: int | None, old: int | None) -> bool:
-    """Whether --max-examples `new` selects more conversations than `old` (None: all of them)."""
-    return old is not None and (new is None or new > old)
-
-
-def _extend(directory: Path, manifest: dict, tokenizer, config: DistillConfig, summary: DataSummary,
+def _resize(directory: Path, manifest: dict, tokenizer, config: DistillConfig, summary: DataSummary,
             total: int) -> None:
-    """Grow a run made with a smaller --max-examples into one of `config`'s. The selection is made
-    in source order, so the earlier run's conversations are the first of the new one: its full
-    chunks are kept, and a last chunk holding fewer than --chunk-size conversations is generated
-    again with the ones that now complete it. The files then equal those of one run of `config`."""
+    """Carry a run made with another --max-examples over to `config`'s: more conversations extend
+    it, fewer stop an unfinished one sooner. The selection is made in source order, so the run's
+    conversations are the first of the new selection: its full chunks are kept, and a last chunk
+    of fewer than --chunk-size conversations is dropped (generated again with the ones that now
+    complete it). The files then equal those of one run of `config`. Refused when the new count
+    would drop full chunks. Nothing is written until the checks pass."""
     earlier = DataSummary()
     select(tokenizer, replace(config, max_examples=manifest["options"]["max_examples"]), earlier)
     if manifest["summary"] != earlier.to_dict():
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
-    if total > manifest["total"] and manifest["conversations"] % config.chunk_size:
-        last = manifest["chunks"].pop()
+    dropped = []
+    if total != manifest["total"] and manifest["conversations"] % config.chunk_size:
+        dropped.append(manifest["chunks"].pop())
         for key in COUNTS:
-            manifest[key] -= last[key]
+            manifest[key] -= dropped[-1][key]
+    if total < manifest["conversations"]:
+        raise EagleError(f"distill directory {directory} holds {manifest['conversations']} finished conversations: "
+                         f"--max-examples {config.max_examples} would drop some; pass a larger one (or none), "
+                         "or --overwrite")
     manifest.update(options=to_dict(config), summary=summary.to_dict(), total=total, complete=False)
     _write_manifest(directory, manifest)
+    for chunk in dropped:  # after the manifest that no longer lists it
+        (directory / chunk["file"]).unlink(missing_ok=True)
 
 
 def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite: bool = False,
@@ -303,8 +308,8 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
         raise EagleError(f"--out {directory} is the --data directory: write the new run elsewhere")
     options = to_dict(config)
     manifest = _existing(directory, target, options, overwrite)
-    extend = manifest is not None and manifest["options"] != options
-    if manifest is not None and manifest["complete"] and not extend:
+    resize = manifest is not None and manifest["options"] != options  # another --max-examples
+    if manifest is not None and manifest["complete"] and not resize:
         return manifest
     digest = source_digest(config.data)
     if manifest is not None and manifest["data_sha256"] != digest:
@@ -315,8 +320,8 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
     summary = DataSummary()
     conversations = select(target.tokenizer, config, summary)
     check_usable(summary, config)
-    if extend:
-        _extend(directory, manifest, target.tokenizer, config, summary, len(conversations))
+    if resize:
+        _resize(directory, manifest, target.tokenizer, config, summary, len(conversations))
     elif manifest is not None and manifest["summary"] != summary.to_dict():
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
