@@ -1,12 +1,12 @@
-"""Two EAGLE heads timed side by side in one process, on the compiled path with --tree auto (each
+"""EAGLE heads timed side by side in one process, on the compiled path with --tree auto (each
 head its own tuned tree, the adaptive policy on: what `eaglespec generate` gives a user), against
 vanilla decoding: make run's prompt and MT-bench questions 3-12 (first turns), 256 new tokens
-each. ROUNDS rounds (default 3), the order of vanilla / A / B rotating each round; the machine
+each. ROUNDS rounds (default 3), the order of vanilla and the heads rotating each round; the machine
 held (background jobs paused); the cost curve measured again first. Prints each one's tokens/s,
 tau and speedup over vanilla (ratio of the sums), the per-round ratios, and whether every output
 equals vanilla's.
 
-    python docs/data/distill-head-zen4-s50/ab_heads.py HEAD_A HEAD_B [ROUNDS]
+    python docs/data/distill-head-zen4-s50/ab_heads.py HEAD_A HEAD_B [HEAD_C ...] [ROUNDS]
 """
 import sys, time
 
@@ -15,8 +15,9 @@ from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.pause import hold_machine
 
 MAKE_RUN_PROMPT = "Explain in a few sentences why the sky is blue."
-heads = sys.argv[1:3]
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+args = sys.argv[1:]
+rounds = int(args.pop()) if args[-1].isdigit() else 3
+heads = args
 
 with hold_machine():
     gens = {h: EagleGenerator.from_pretrained(head=h, tree="auto", retune=i == 0) for i, h in enumerate(heads)}
@@ -31,7 +32,7 @@ with hold_machine():
     names = ["vanilla", *heads]
     stats = {n: {"wall": [], "tokens": 0, "forwards": 0, "out": [], "first": [0.0, 0, 0]} for n in names}
     for r in range(rounds):
-        for n in names[r % 3:] + names[:r % 3]:
+        for n in names[r % len(names):] + names[:r % len(names)]:
             g, speculative = (first, False) if n == "vanilla" else (gens[n], True)
             s, wall = stats[n], 0.0
             for k, ids in enumerate(prompts):
@@ -53,8 +54,8 @@ with hold_machine():
         print(f"{n}: {s['tokens'] / sum(s['wall']):.1f} tokens/s, tau {s['tokens'] / s['forwards']:.3f}, "
               f"speedup {sum(base['wall']) / sum(s['wall']):.3f}x (rounds {ratios}), "
               f"outputs equal to vanilla: {s['out'] == base['out']}")
-    a, b = (stats[h] for h in heads)
-    print(f"{heads[1]} / {heads[0]} tokens/s {sum(a['wall']) / sum(b['wall']):.3f}")
+    for h in heads[1:]:
+        print(f"{h} / {heads[0]} tokens/s {sum(stats[heads[0]]['wall']) / sum(stats[h]['wall']):.3f}")
     for n in heads:
         w, tokens, forwards = stats[n]["first"]
         print(f"make run's prompt, {n}: speedup {base['first'][0] / w:.3f}x, tau {tokens / forwards:.3f}")
