@@ -169,27 +169,60 @@ def test_another_max_examples_extends_a_run_or_ends_it_sooner(target, tmp_path, 
     config = DistillConfig(data=str(data), max_new_tokens=8, temperature=0.9, seed=3, batch_size=2, chunk_size=2,
                            max_length=256)
     runs = {n: distill(target, replace(config, max_examples=n), tmp_path / f"run{n}", progress=False)
-            for n in (2, 3, 4)}
+            for n in (2, 3, 4, 5)}
     whole = distill(target, config, tmp_path / "whole", progress=False)
     small = distill(target, replace(config, max_examples=3), tmp_path / "grown", progress=False)
     assert (small["complete"], small["conversations"], len(small["chunks"])) == (True, 3, 2)
 
     rows = []
     real = target.model.generate
-    monkeypatch.setattr(target.model, "generate", lambda *a, **k: rows.append(len(k["input_ids"])) or real(*a, **k))
+
+    def spy(*args, limit=None, **kwargs):
+        if limit is not None and sum(rows) + len(kwargs["input_ids"]) > limit:
+            raise Interrupted
+        rows.append(len(kwargs["input_ids"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, **k))
     distill(target, replace(config, max_examples=4), tmp_path / "grown", progress=False)
     assert sum(rows) == sum(c["replies"] for c in whole["chunks"][1:2])  # chunk 1 again, now with 2 conversations
     assert files(tmp_path / "grown") == files(tmp_path / "run4")
-    before = files(tmp_path / "grown")
-    with pytest.raises(EagleError, match="holds 4 finished conversations: --max-examples 3 would drop some"):
-        distill(target, replace(config, max_examples=3), tmp_path / "grown", progress=False)
-    assert files(tmp_path / "grown") == before
     rows.clear()
     grown = distill(target, config, tmp_path / "grown", progress=False)  # all of them
     assert sum(rows) == sum(c["replies"] for c in whole["chunks"][2:])  # the full chunks 0 and 1 were kept
     assert grown == whole and files(tmp_path / "grown") == files(tmp_path / "whole")
 
-    rows.clear()  # fewer: the partial last chunk goes, its file too
+    # refused when full chunks would go (7 = 2+2+2+1: 5 keeps only 4), and nothing changes
+    before = files(tmp_path / "whole")
+    with pytest.raises(EagleError, match="holds 6 conversations in full chunks: --max-examples 5 would drop some"):
+        distill(target, replace(config, max_examples=5), tmp_path / "whole", progress=False)
+    assert files(tmp_path / "whole") == before
+
+    # an unfinished run of all 7, stopped after its first two chunks, ends sooner at 5
+    first_two = sum(c["replies"] for c in whole["chunks"][:2])
+    rows.clear()
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, limit=first_two, **k))
+    with pytest.raises(Interrupted):
+        distill(target, config, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, **k))
+    assert distill(target, replace(config, max_examples=5), tmp_path / "cut", progress=False) == runs[5]
+    assert files(tmp_path / "cut") == files(tmp_path / "run5")
+
+    # fewer from a finished run: its partial last chunk goes, its file too, even when the run that
+    # dropped it stopped right after writing the manifest
+    import eaglespec.train.distill as module
+    real_write = module._write_manifest
+
+    def write_then_stop(directory, manifest):
+        real_write(directory, manifest)
+        raise Interrupted
+
+    monkeypatch.setattr(module, "_write_manifest", write_then_stop)
+    with pytest.raises(Interrupted):
+        distill(target, replace(config, max_examples=2), tmp_path / "run3", progress=False)
+    monkeypatch.setattr(module, "_write_manifest", real_write)
+    assert (tmp_path / "run3" / "chunk-00001.jsonl").exists()
+    rows.clear()
     assert distill(target, replace(config, max_examples=2), tmp_path / "run3", progress=False) == runs[2]
     assert rows == [] and files(tmp_path / "run3") == files(tmp_path / "run2")
 

@@ -280,19 +280,24 @@ def _resize(directory: Path, manifest: dict, tokenizer, config: DistillConfig, s
     if manifest["summary"] != earlier.to_dict():
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
-    dropped = []
     if total != manifest["total"] and manifest["conversations"] % config.chunk_size:
-        dropped.append(manifest["chunks"].pop())
+        last = manifest["chunks"].pop()  # its file goes once the manifest no longer lists it (_unlisted)
         for key in COUNTS:
-            manifest[key] -= dropped[-1][key]
+            manifest[key] -= last[key]
     if total < manifest["conversations"]:
-        raise EagleError(f"distill directory {directory} holds {manifest['conversations']} finished conversations: "
-                         f"--max-examples {config.max_examples} would drop some; pass a larger one (or none), "
+        raise EagleError(f"distill directory {directory} holds {manifest['conversations']} conversations in full "
+                         f"chunks: --max-examples {config.max_examples} would drop some; pass a larger one (or none), "
                          "or --overwrite")
     manifest.update(options=to_dict(config), summary=summary.to_dict(), total=total, complete=False)
     _write_manifest(directory, manifest)
-    for chunk in dropped:  # after the manifest that no longer lists it
-        (directory / chunk["file"]).unlink(missing_ok=True)
+
+
+def _unlisted(directory: Path, manifest: dict) -> list[Path]:
+    """Chunk files the manifest does not list: a last chunk dropped by another --max-examples
+    (also when the run that dropped it stopped before removing it), or one a crash left written but
+    not yet listed."""
+    listed = {chunk["file"] for chunk in manifest["chunks"]}
+    return [p for p in directory.glob("chunk-*.jsonl") if p.name not in listed]
 
 
 def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite: bool = False,
@@ -320,12 +325,12 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
     summary = DataSummary()
     conversations = select(target.tokenizer, config, summary)
     check_usable(summary, config)
+    stop = stops(target)
     if resize:
         _resize(directory, manifest, target.tokenizer, config, summary, len(conversations))
     elif manifest is not None and manifest["summary"] != summary.to_dict():
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
-    stop = stops(target)
 
     directory.mkdir(parents=True, exist_ok=True)
     if overwrite:
@@ -335,6 +340,8 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
                     "eos_token_ids": stop.eos_token_ids, "summary": summary.to_dict(), "total": len(conversations),
                     **dict.fromkeys(COUNTS, 0), "chunks": [], "complete": False}
         _write_manifest(directory, manifest)
+    for path in _unlisted(directory, manifest):
+        path.unlink()
     size = config.chunk_size
     bar = tqdm(total=len(conversations), initial=manifest["conversations"], unit="conv", desc="distill",
                disable=not progress, dynamic_ncols=True)
