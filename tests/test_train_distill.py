@@ -82,6 +82,19 @@ def records(directory):
     return [r for f in sorted(directory.glob("chunk-*.jsonl")) for r in map(json.loads, f.read_text().splitlines())]
 
 
+def generate_spy(target, rows):
+    """target.model.generate that appends each call's prompt count to `rows`; with limit=N it raises
+    Interrupted instead of generating past N prompts in all."""
+    real = target.model.generate
+
+    def spy(*args, limit=None, **kwargs):
+        if limit is not None and sum(rows) + len(kwargs["input_ids"]) > limit:
+            raise Interrupted
+        rows.append(len(kwargs["input_ids"]))
+        return real(*args, **kwargs)
+    return spy
+
+
 def files(directory):
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
@@ -119,13 +132,7 @@ def test_resume_writes_the_same_files_and_refusals_change_nothing(target, tmp_pa
     assert len(whole["chunks"]) == 4
 
     rows = []  # prompts generated, per generate() call
-    real = target.model.generate
-
-    def spy(*args, limit=None, **kwargs):
-        if limit is not None and sum(rows) + len(kwargs["input_ids"]) > limit:
-            raise Interrupted
-        rows.append(len(kwargs["input_ids"]))
-        return real(*args, **kwargs)
+    spy = generate_spy(target, rows)
 
     first_two = sum(c["replies"] for c in whole["chunks"][:2])
     monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, limit=first_two, **k))
@@ -175,13 +182,7 @@ def test_another_max_examples_extends_a_run_or_ends_it_sooner(target, tmp_path, 
     assert (small["complete"], small["conversations"], len(small["chunks"])) == (True, 3, 2)
 
     rows = []
-    real = target.model.generate
-
-    def spy(*args, limit=None, **kwargs):
-        if limit is not None and sum(rows) + len(kwargs["input_ids"]) > limit:
-            raise Interrupted
-        rows.append(len(kwargs["input_ids"]))
-        return real(*args, **kwargs)
+    spy = generate_spy(target, rows)
 
     monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, **k))
     distill(target, replace(config, max_examples=4), tmp_path / "grown", progress=False)
