@@ -229,30 +229,39 @@ def test_static_rows_keep_select_extend_like_row_cache():
             return [t[r, :, :n] for t in rows.keys + rows.values]
         return [layer.keys[r, :, :n] for layer in rows.cache.layers] + [layer.values[r, :, :n] for layer in rows.cache.layers]
 
-    prompts = [PROMPT, [8, 4], [40, 41, 42]]
+    prompts = [PROMPT, [8, 4], [40, 41, 42], [5, 6, 7, 8, 9]]
     dynamic = RowCache(prefilled(prompts[0]), [len(prompts[0])])
     static = StaticRows.from_dynamic(prefilled(prompts[0]), [len(prompts[0])], 64)
     for p in prompts[1:]:
         dynamic.extend(RowCache(prefilled(p), [len(p)]))
         static.extend(StaticRows.from_dynamic(prefilled(p), [len(p)], 64))
-    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool).repeat(3, 1, 1)
-    depth = torch.tensor([0, 1, 1, 2]).repeat(3, 1)
-    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]])
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool).repeat(4, 1, 1)
+    depth = torch.tensor([0, 1, 1, 2]).repeat(4, 1)
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]])
     start = dynamic.length
     target.forward_rows(tokens, dynamic, tree_mask, depth)
     # the compiled step's writes, done by hand: the same keys at the same slots
     for i, layer in enumerate(dynamic.cache.layers):
-        static.keys[i][:3, :, start:start + 4] = layer.keys[:, :, start:start + 4]
-        static.values[i][:3, :, start:start + 4] = layer.values[:, :, start:start + 4]
-    paths = [torch.tensor([0, 2, 3]), torch.tensor([0]), torch.tensor([0, 1])]
+        static.keys[i][:4, :, start:start + 4] = layer.keys[:, :, start:start + 4]
+        static.values[i][:4, :, start:start + 4] = layer.values[:, :, start:start + 4]
+    paths = [torch.tensor([0, 2, 3]), torch.tensor([0]), torch.tensor([0, 1]), torch.tensor([0, 2])]
     dynamic.keep_paths(start, paths)
     static.keep_paths(start, paths)
     assert static.lens.tolist() == dynamic.lens.tolist() and static.length == dynamic.length
-    for rows in (dynamic, static):
-        rows.select([2, 0])
-    assert static.lens.tolist() == dynamic.lens.tolist()
-    assert static.keys[0].shape[0] == 2  # the rows bucket shrank with the batch
-    for r in range(2):
+    # a row leaves and the rows bucket stays (rows move up in place), then one that shrinks it
+    for keep, bucket in (([0, 2, 3], 4), ([2, 0], 2)):
+        for rows in (dynamic, static):
+            rows.select(keep)
+        assert static.lens.tolist() == dynamic.lens.tolist() and static.length == dynamic.length
+        assert static.keys[0].shape[0] == bucket
+        for r in range(len(keep)):
+            for a, b in zip(entries(dynamic, r), entries(static, r)):
+                assert torch.equal(a, b)
+    # and one joins again: the rows bucket grows, the entries in use come along
+    dynamic.extend(RowCache(prefilled(prompts[1]), [2]))
+    static.extend(StaticRows.from_dynamic(prefilled(prompts[1]), [2], 64))
+    assert static.lens.tolist() == dynamic.lens.tolist() and static.keys[0].shape[0] == 4
+    for r in range(3):
         for a, b in zip(entries(dynamic, r), entries(static, r)):
             assert torch.equal(a, b)
 

@@ -260,8 +260,8 @@ class StaticRows(RowCache):
         """Room for `slots` slots and `rows` rows (buffers regrown to the next buckets)."""
         cap, b = self.capacity, self.kv.shape[1]
         want_s, want_b = max(cap, bucket(slots, CACHE_BUCKETS)), max(b, bucket(rows, BATCH_BUCKETS))
-        if (want_s, want_b) != (cap, b):
-            self._hold(_sized(self.kv, want_b, want_s))
+        if (want_s, want_b) != (cap, b):  # only the real rows' slots in use move
+            self._hold(_sized(self.kv[:, :len(self), :, :self._length], want_b, want_s))
 
     def keep_paths(self, start: int, paths: list[torch.Tensor]) -> None:
         counts = [p.numel() for p in paths]
@@ -275,11 +275,23 @@ class StaticRows(RowCache):
         self._length = min(self._length, length)
 
     def select(self, rows: list[int]) -> None:
+        """Keep `rows`, in that order. Only the slots in use move: in the same rows bucket the rows
+        that change place move up in place (the padding rows after them keep stale entries, which
+        no row's mask shows, as with every slot past a row's length); a smaller bucket gets smaller
+        buffers. A server's batch loses a row whenever a request ends: copying the whole buffers
+        each time made a 16-sequence batch 1.11x slower (docs/benchmarks.md, session 51)."""
         index = torch.tensor(rows, dtype=torch.long)
+        used, n = self._length, len(rows)
         self.lens = self.lens[index]
-        b = bucket(max(len(rows), 1), BATCH_BUCKETS)
-        self._hold(_sized(self.kv.index_select(1, index.to(self.kv.device)), b, self.capacity))
         self._length = int(self.lens.max()) if rows else 0
+        b = bucket(max(n, 1), BATCH_BUCKETS)
+        device = self.kv.device
+        if b != self.kv.shape[1]:
+            self._hold(_sized(self.kv[:, :, :, :used].index_select(1, index.to(device)), b, self.capacity))
+            return
+        first = next((i for i, r in enumerate(rows) if r != i), n)  # rows before it stay where they are
+        if first < n:
+            self.kv[:, first:n, :, :used] = self.kv[:, index[first:].to(device), :, :used]
 
     def extend(self, other: "StaticRows") -> None:
         n, m = len(self), len(other)
