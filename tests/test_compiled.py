@@ -266,6 +266,22 @@ def test_static_rows_keep_select_extend_like_row_cache():
             assert torch.equal(a, b)
 
 
+def test_a_joining_row_keeps_nothing_of_a_request_that_left():
+    """A row that leaves stays in the rows bucket as padding (select moves nothing it need not);
+    a sequence that joins there, with a smaller cache, must not see any of it, masked or not: a
+    NaN passes through a mask's finite minimum."""
+    torch.manual_seed(0)
+    kv = torch.randn(2, 4, 1, 1024, 2)
+    kv[:, 3] = float("nan")  # the leaving request's entries
+    rows = StaticRows(kv.clone(), [5, 6, 7, 8], 8)
+    rows.select([0, 1, 2])
+    assert rows.kv.shape[1] == 4 and torch.equal(rows.kv[:, :3], kv[:, :3])
+    rows.extend(StaticRows(torch.ones(2, 1, 1, 512, 2), [4], 4))
+    assert rows.lens.tolist() == [5, 6, 7, 4] and torch.equal(rows.kv[:, :3], kv[:, :3])
+    assert torch.equal(rows.kv[:, 3, :, :512], torch.ones(2, 1, 512, 2))
+    assert not rows.kv[:, 3].isnan().any() and not rows.kv[:, 3, :, 512:].any()
+
+
 def test_step_masks_are_the_visible_slots_and_padding_sees_itself():
     """compiled._step_inputs writes its mask in place; it must equal the mask built from the
     visible slots as core.attention.additive_mask does (rows of different lengths, a padded query

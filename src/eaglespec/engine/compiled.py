@@ -297,6 +297,9 @@ class StaticRows(RowCache):
         n, m = len(self), len(other)
         self.reserve(max(self.capacity, other.capacity), n + m)
         self.kv[:, n:n + m, :, : other.capacity] = other.kv[:, :m]
+        # a row may have held a request that left (select keeps padding rows as they are): none of
+        # its entries stays, masked or not (a NaN would pass through a mask's finite minimum)
+        self.kv[:, n:n + m, :, other.capacity:] = 0
         self.lens = torch.cat([self.lens, other.lens])
         self._length = max(self._length, other.length)
 
