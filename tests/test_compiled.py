@@ -152,16 +152,23 @@ def test_a_floored_tree_is_warmed_at_every_width_it_may_verify():
 
 @needs_cxx
 def test_batched_compiled_equals_each_sequence_alone():
-    """Three prompts of different lengths and budgets decode together on the compiled path (rows
-    padded to the bucket of 4) as each does alone eagerly; rows leave as they finish."""
+    """Four prompts of different lengths and budgets decode together on the compiled path as each
+    does alone eagerly; rows leave as their budgets end: the second first (the rows after it move
+    up inside the bucket of 4), then the fourth (the bucket shrinks to 2), then the third."""
     eager = tiny_target("qwen2")
-    prompts, budgets = [PROMPT, [8, 4], [40, 41, 42, 43, 44, 45]], [30, 12, 21]
+    prompts, budgets = [PROMPT, [8, 4], [40, 41, 42, 43, 44, 45], [9, 10, 11]], [30, 6, 21, 12]
     expected = [EagleGenerator(eager, None).generate(input_ids=p, max_new_tokens=b, speculative=False,
                                                      stop_token_ids=set()).token_ids for p, b in zip(prompts, budgets)]
     target = compiled_target("qwen2")
     gen = EagleGenerator(target, random_head(target), "chain:3")
-    results = gen.generate_batch(input_ids=prompts, max_new_tokens=max(budgets), stop_token_ids=set())
-    assert [r.token_ids[:b] for r, b in zip(results, budgets)] == expected
+    batch, tokens = gen.new_batch(), {}
+    for p, b in zip(prompts, budgets):
+        seq, first = batch.add(list(p), b)
+        tokens[seq] = list(first.tokens)
+    while len(batch):
+        for seq, out in batch.step():
+            tokens[seq] += out.tokens
+    assert list(tokens.values()) == expected
 
 
 @needs_cxx
