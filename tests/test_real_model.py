@@ -94,7 +94,7 @@ def test_shipped_heads_stay_loadable_by_name():
 
     earlier = {"smollm2-135m-instruct", "smollm2-135m-instruct-3k", "smollm2-135m-instruct-6k",
                "smollm2-135m-instruct-12k", "smollm2-135m-instruct-16k",
-               "smollm2-135m-instruct-eagle3"}  # every former default, and EAGLE-3
+               "smollm2-135m-instruct-16k-sd2k", "smollm2-135m-instruct-eagle3"}  # every former default, and EAGLE-3
     assert earlier <= set(shipped_names())
     assert sum(bool(_extra(named_head_dir(n)).get("default")) for n in shipped_names()) == 1  # one default
     assert named_head_dir("no-such-head") is None
