@@ -347,3 +347,27 @@ def test_a_pause_file_holds_the_run_between_batches(target, tmp_path, monkeypatc
     with paused_for_a_while(out, batches, monkeypatch) as seen_paused:
         manifest = distill(target, config, out, progress=False)
     assert seen_paused.is_set() and manifest["complete"] and manifest["records"] == 7 and batches
+
+
+def test_a_pause_point_follows_every_generated_token(target, tmp_path, monkeypatch):
+    """wait() runs before each batch and after each of its tokens: a benchmark waits for a token, not
+    for a batch of 256-token replies (which outlasted its 30 s wait for jobs beside other work)."""
+    from eaglespec.train.distill import distill_chunk, stops
+
+    steps = []  # per batch: the tokens generated (generate's output past the prompt)
+    real = target.model.generate
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        steps.append(out.shape[1] - kwargs["input_ids"].shape[1])
+        return out
+    monkeypatch.setattr(target.model, "generate", spy)
+    waits = []
+    config = DistillConfig(max_new_tokens=6, batch_size=2, max_length=256, max_turns=1)
+    chats = [[{"role": "user", "content": "Say " + "abcdefgh"[:1 + i]}, {"role": "assistant", "content": "old"}]
+             for i in range(5)]
+    counts = dict.fromkeys(("replies", "new_tokens", "cut_replies", "conversations", "ended_early", "dropped",
+                            "records"), 0)
+    distill_chunk(target, chats, config, stops(target), (0,), counts, wait=lambda: waits.append(1) or 0.0)
+    assert len(steps) >= 2 and counts["new_tokens"] > 0
+    assert len(waits) == len(steps) + sum(steps)

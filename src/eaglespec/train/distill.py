@@ -127,10 +127,24 @@ def _generation_config(config: DistillConfig, stop: Stops):
                             eos_token_id=stop.eos_token_ids, pad_token_id=stop.pad_token_id, **sampling)
 
 
+def _pause_points(wait):
+    """`wait()` after every generated token, as a stopping criterion that never stops: a benchmark
+    that holds the machine waits one token of a batch, not the batch (16 replies of 256 tokens
+    took over 30 s beside other work, longer than a benchmark waits for jobs to pause)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class PausePoint(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            wait()
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([PausePoint()])
+
+
 def generate(target, prompts: list[list[int]], config: DistillConfig, stop: Stops,
-             seed: int) -> list[tuple[list[int], bool]]:
-    """Replies to token-id prompts, generated together with left padding -> [(reply ids without
-    the end-of-sequence id, whether one came)]."""
+             seed: int, wait=lambda: 0.0) -> list[tuple[list[int], bool]]:
+    """Replies to token-id prompts, generated together with left padding, calling `wait()` after
+    each token (a pause point) -> [(reply ids without the end-of-sequence id, whether one came)]."""
     width = max(map(len, prompts))
     input_ids = torch.full((len(prompts), width), stop.pad_token_id, dtype=torch.long)  # [B, P]
     attention_mask = torch.zeros_like(input_ids)
@@ -142,7 +156,8 @@ def generate(target, prompts: list[list[int]], config: DistillConfig, stop: Stop
         torch.manual_seed(seed)
         out = target.model.generate(input_ids=input_ids.to(target.device),
                                     attention_mask=attention_mask.to(target.device),
-                                    generation_config=_generation_config(config, stop))  # [B, P + new]
+                                    generation_config=_generation_config(config, stop),
+                                    stopping_criteria=_pause_points(wait))  # [B, P + new]
     replies = []
     for row in out[:, width:].tolist():
         end = next((t for t, token in enumerate(row) if token in stop.eos_token_ids), None)
@@ -170,7 +185,8 @@ def distill_chunk(target, chunk: list[list[dict]], config: DistillConfig, stop: 
                   counts: dict, progress=lambda finished: None, wait=lambda: 0.0) -> list[dict]:
     """Regenerate the conversations of a chunk turn by turn. Each round takes the next prompt of
     every conversation that has one, longest first (a batch pads less; memory peaks early), and
-    generates them `batch_size` at a time, calling `wait()` before each batch (a pause point).
+    generates them `batch_size` at a time, calling `wait()` before each batch and after each token
+    (pause points).
     -> the records to keep; adds to `counts` and calls `progress(n)` as n more conversations
     finish."""
     from jinja2.exceptions import TemplateError
@@ -206,7 +222,7 @@ def distill_chunk(target, chunk: list[list[dict]], config: DistillConfig, stop: 
         for b in range(0, len(active), config.batch_size):
             batch = active[b:b + config.batch_size]
             wait()
-            replies = generate(target, [ids for *_, ids in batch], config, stop, _seed(*seed, turn, b))
+            replies = generate(target, [ids for *_, ids in batch], config, stop, _seed(*seed, turn, b), wait)
             for (c, reply, context, _), (new, ended) in zip(batch, replies):
                 content = target.tokenizer.decode(new, skip_special_tokens=True)
                 c.out = [*context, {"role": "assistant", "content": content}]
