@@ -129,8 +129,9 @@ def _generation_config(config: DistillConfig, stop: Stops):
 
 def _pause_points(wait):
     """`wait()` after every generated token, as a stopping criterion that never stops: a benchmark
-    that holds the machine waits one token of a batch, not the batch (16 replies of 256 tokens
-    took over 30 s beside other work, longer than a benchmark waits for jobs to pause)."""
+    that holds the machine waits one token of a batch (or its prompts' prefill), not the batch (16
+    replies of 256 tokens took over 30 s beside other work, longer than a benchmark waits for jobs
+    to pause)."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class PausePoint(StoppingCriteria):
