@@ -1,9 +1,11 @@
 """The server's load test on the real default model (issue #10): see eaglespec.serve.loadtest.
 Its own module, so that the model runs on every core (the tiny-model server tests pin one thread)."""
 
+import functools
+
 import pytest
 
-from eaglespec.engine import tuning
+from eaglespec.engine import numerics, tuning
 from eaglespec.serve import ServeConfig, create_app
 from eaglespec.serve.loadtest import serve_in_thread
 
@@ -29,11 +31,18 @@ def test_openai_clients_on_the_default_model_with_default_settings(monkeypatch):
     The tuner's cost curve is `_saturating_costs`, not a measurement: measuring it on the real
     model for five batch sizes took most of this test's time on a busy 2-core CI machine, and
     the measurement is tested in tests/test_tuning.py. The fake curve makes the batches that
-    form here run both drafted and undrafted steps, whatever the machine."""
+    form here run both drafted and undrafted steps, whatever the machine.
+
+    The numerics gate that bounds --tree auto's trees is measured for real, at all its sizes but
+    after one cache length instead of eight: the other lengths are there for bf16 siblings (which
+    round otherwise at some lengths on the Intel AMX kind), and this test loads float32, the
+    Python API's CPU default (it took the test from 273 s to 150 s, cold, on 2 Zen 4 cores)."""
     from eaglespec.engine.decoding import EagleGenerator
     from eaglespec.serve.loadtest import run
 
     monkeypatch.setattr(tuning, "measure_step_costs", _saturating_costs)
+    monkeypatch.setattr(numerics, "measure_invariance",
+                        functools.partial(numerics.measure_invariance, offsets=numerics.CONTEXT_OFFSETS[:1]))
     config = ServeConfig()
     gen = EagleGenerator.from_pretrained(None, "default", "auto", max_batch=config.max_batch)
     assert gen.tuned.tree_for(1) is not None and gen.tuned.tree_for(2) is not None
