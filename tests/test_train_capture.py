@@ -235,3 +235,40 @@ def test_a_pause_file_holds_the_capture_between_conversations(target, tmp_path, 
     with paused_for_a_while(tmp_path, forwards, monkeypatch) as seen_paused:
         manifest = capture(counting, CONFIG, tmp_path, examples=synthetic_examples(), progress=False)
     assert seen_paused.is_set() and manifest["complete"] and len(forwards) == 7
+
+
+def test_a_looping_reply_leaves_the_loss_after_its_first_repeat():
+    """cut_loops: in each reply (a run of loss-mask positions) the loss stops after the first
+    repeat of a span-token stretch; the example ends at the last token left in the loss; a reply
+    without a repeat, and the prompt, are as they were."""
+    from eaglespec.train.data import cut_loops
+
+    prompt, loop, user = [1, 2, 3], [10, 11, 12, 13] + [20, 21, 22] * 4 + [99], [4, 5]
+    fine = [30, 31, 32, 33, 34]
+    ids = torch.tensor(prompt + fine + user + loop)
+    mask = torch.tensor([False] * 3 + [True] * 5 + [False] * 2 + [True] * len(loop))
+    got, cut, removed = cut_loops(Example(ids, mask), 3)
+    # the loop reply: (20, 21, 22) comes again at its 8th token: those 3 stay, the other 6 leave
+    assert (cut, removed) == (1, len(loop) - 10)
+    assert got.input_ids.tolist() == prompt + fine + user + loop[:10]
+    assert got.loss_mask.tolist() == [False] * 3 + [True] * 5 + [False] * 2 + [True] * 10
+    again = Example(ids[:10], mask[:10])
+    assert cut_loops(again, 3) == (again, 0, 0)  # no repeat: untouched
+    assert cut_loops(Example(ids, mask), 4)[1:] == (1, len(loop) - 11)  # (20, 21, 22, 20) comes again at its 8th: 4 stay
+
+
+def test_a_capture_made_before_an_option_existed_resumes_with_its_default(target, tmp_path):
+    """An option added to CaptureConfig after a capture was started (loop_cut) reads as its default
+    in that capture's manifest: the same command resumes it; another value is refused."""
+    examples = synthetic_examples()
+    with pytest.raises(Interrupted):
+        capture(FailingTarget(target, calls=3), CONFIG, tmp_path, examples=examples, progress=False)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    del manifest["options"]["loop_cut"]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(EagleError, match="other options \\(loop_cut\\)"):
+        capture(target, CaptureConfig(data="synthetic", shard_size=2, loop_cut=16), tmp_path, examples=examples,
+                progress=False)
+    assert capture(target, CONFIG, tmp_path, examples=examples, progress=False)["examples"] == 7
+    with pytest.raises(EagleError, match="--loop-cut 0 \\(off\\) or a stretch of 2"):
+        CaptureConfig(loop_cut=1)

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ from .data import DataSummary, Example, check_usable, iter_examples, source_dige
 MANIFEST = "manifest.json"
 FORMAT = "eaglespec-capture/1"
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DEFAULTS = {f.name: f.default for f in fields(CaptureConfig)}
 _IDENTITY_KEYS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers", "fingerprint")
 
 
@@ -124,8 +125,9 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     if not overwrite and (directory / MANIFEST).exists():
         manifest = read_manifest(directory)
         check_identity(manifest["target"], target, f"capture directory {directory}")
-        if manifest["options"] != options:
-            diff = sorted(k for k in options if manifest["options"].get(k) != options[k])
+        recorded = {k: manifest["options"].get(k, _DEFAULTS[k]) for k in options}  # an option newer than the capture: its default
+        if recorded != options:
+            diff = sorted(k for k in options if recorded[k] != options[k])
             raise EagleError(f"capture directory {directory} was made with other options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         dtype = str(target.dtype).removeprefix("torch.")
@@ -142,7 +144,7 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
 
     # read the data before anything is written or removed: a wrong --data loses nothing
     summary = DataSummary()
-    examples = iter(iter_examples(target.tokenizer, config, summary) if examples is None else examples)
+    examples = iter(iter_examples(target.tokenizer, config, summary, config.loop_cut) if examples is None else examples)
     first = next(examples, None)
     if first is None:
         check_usable(summary, config)

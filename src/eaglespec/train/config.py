@@ -46,6 +46,9 @@ class CaptureConfig(DataConfig):
     feature_dtype: str = _opt("bf16", "storage dtype of the captured features", choices=FEATURE_DTYPES,
                               aliases=("--dtype",))
     shard_size: int = _opt(64, "examples per shard file (the unit of resumption)")
+    loop_cut: int = _opt(0, "stop each reply's loss after the first repeat of a stretch of this many tokens, so "
+                            "that the rest of a looping reply (common in greedy distilled replies) stops "
+                            "outweighing the text around it (default 0: off; 16 is a choice)")
     aux_layers: str | None = _opt(None, "also store the residual streams entering these target layers, for EAGLE-3 "
                                   "heads: 'auto' (2, L/2, L-3, as EAGLE-3 and vLLM) or ids such as 2,15,27 "
                                   "(default: none, EAGLE-1 only)")
@@ -57,6 +60,8 @@ class CaptureConfig(DataConfig):
             parse_layers(self.aux_layers, None)
         if self.shard_size < 1:
             raise EagleError(f"shard_size={self.shard_size}: pass --shard-size 1 or more")
+        if self.loop_cut != 0 and self.loop_cut < 2:
+            raise EagleError(f"loop_cut={self.loop_cut}: pass --loop-cut 0 (off) or a stretch of 2 tokens or more")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class DataSummary:
     skipped_malformed: int = 0     # unknown role or non-text content
     skipped_template: int = 0      # the chat template refused the conversation or is not incremental
     source_truncated: bool = False  # the file ends inside a record (the packaged ShareGPT file does)
+    loops_cut: int = 0             # replies whose loss stops after their first repeated span (loop_cut)
+    loop_tokens: int = 0           # the reply tokens that cut took out of the loss (not in assistant_tokens)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +56,8 @@ class DataSummary:
         skipped = {k[8:]: v for k, v in asdict(self).items() if k.startswith("skipped_") and v}
         text = (f"{self.examples} examples ({self.tokens} tokens, {self.assistant_tokens} assistant) "
                 f"from {self.conversations} conversations; {self.truncated} truncated")
+        if self.loops_cut:
+            text += f"; {self.loops_cut} looping replies cut ({self.loop_tokens} tokens out of the loss)"
         if skipped:
             text += "; skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in skipped.items())
         return text + ("; source file ends mid-record (last record dropped)" if self.source_truncated else "")
@@ -274,9 +278,43 @@ def iter_conversations(config: DataConfig, summary: DataSummary) -> Iterator[lis
         yield messages
 
 
-def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterator[Example]:
+def cut_loops(example: Example, span: int) -> tuple[Example, int, int]:
+    """Each reply's loss stops after the first repeat of a `span`-token stretch of that reply: the
+    head learns that a loop begins, and the rest of the loop (the same tokens again, often most of
+    a greedy reply that ran to its token limit) stops outweighing the text around it. Tokens past
+    the last one left in the loss are dropped (nothing is trained on them). -> (example, replies
+    cut, tokens taken out of the loss)."""
+    mask = example.loss_mask.clone()
+    ids = example.input_ids.tolist()
+    cut = removed = 0
+    flat = mask.tolist()
+    i = 0
+    while i < len(flat):  # each reply: a run of loss-mask positions
+        if not flat[i]:
+            i += 1
+            continue
+        end = i
+        while end < len(flat) and flat[end]:
+            end += 1
+        seen = set()
+        for k in range(i, end - span + 1):
+            stretch = tuple(ids[k:k + span])
+            if stretch in seen:
+                if k + span < end:
+                    mask[k + span:end] = False
+                    cut, removed = cut + 1, removed + end - (k + span)
+                break
+            seen.add(stretch)
+        i = end
+    if not cut:
+        return example, 0, 0
+    last = int(mask.nonzero().max()) + 1
+    return Example(example.input_ids[:last], mask[:last]), cut, removed
+
+
+def iter_examples(tokenizer, config: DataConfig, summary: DataSummary, loop_cut: int = 0) -> Iterator[Example]:
     """Usable examples in source order (deterministic: capture resumes by counting them);
-    `summary` is updated as they are produced."""
+    `summary` is updated as they are produced. loop_cut: see `cut_loops` (0: off)."""
     check_tokenizer(tokenizer)
     from jinja2.exceptions import TemplateError
 
@@ -286,6 +324,9 @@ def iter_examples(tokenizer, config: DataConfig, summary: DataSummary) -> Iterat
         except (TemplateError, TemplateMismatch):
             summary.skipped_template += 1
             continue
+        if loop_cut:
+            example, cut, removed = cut_loops(example, loop_cut)
+            summary.loops_cut, summary.loop_tokens = summary.loops_cut + cut, summary.loop_tokens + removed
         if len(example.input_ids) > config.max_length:
             if config.overflow == "skip":
                 summary.skipped_too_long += 1
