@@ -35,8 +35,9 @@ def _inductor_folder(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _inductor_cache(_inductor_folder, monkeypatch):
     """Inductor's caches in one folder for this module's tests (artefact_dir would otherwise set the
-    variable for the process to the first test's artefact folder), so that a graph another test
-    built is found: its graph cache keys on the micro-GEMM block too (gemm_kernels._block_key).
+    variable for the process to the first test's artefact folder): what one test compiled and
+    autotuned, another finds. Packages (AOT builds) skip inductor's graph cache; what they share is
+    keyed by the generated source, which holds the micro-GEMM block and prefetch a test patches in.
     Each test still has its own eaglespec cache (conftest), so packages are built per test. (This
     module took 814 s with a folder per test and 737 s shared, run one after the other on 2 Zen 4 cores.)"""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(_inductor_folder))

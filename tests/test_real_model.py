@@ -22,13 +22,13 @@ def generator():
     return EagleGenerator.from_pretrained(None, head="default", tree="eagle1")
 
 
-_VANILLA: dict[tuple[str, str], list[int]] = {}
+_VANILLA: dict[tuple, list[int]] = {}
 
 
 def vanilla_ids(gen, prompt: str) -> list[int]:
     """Vanilla greedy's 48 new ids for a prompt, decoded once per target and prompt: both
     generators of this module hold the default target, and vanilla decoding never runs the head."""
-    key = (gen.target.fingerprint(), prompt)
+    key = (gen.target.fingerprint(), str(gen.target.dtype), gen.target.steps.kernels, prompt)
     if key not in _VANILLA:
         _VANILLA[key] = gen.generate(input_ids=gen.encode(prompt), max_new_tokens=48, speculative=False).token_ids
     return _VANILLA[key]

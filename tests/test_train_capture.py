@@ -248,7 +248,7 @@ def test_a_looping_reply_leaves_the_loss_after_its_first_repeat():
     ids = torch.tensor(prompt + fine + user + loop)
     mask = torch.tensor([False] * 3 + [True] * 5 + [False] * 2 + [True] * len(loop))
     got, cut, removed = cut_loops(Example(ids, mask), 3)
-    # the loop reply: (20, 21, 22) comes again at its 8th token: those 3 stay, the other 6 leave
+    # the loop reply: (20, 21, 22) comes again at its 8th token: those 3 stay, the 7 after them leave
     assert (cut, removed) == (1, len(loop) - 10)
     assert got.input_ids.tolist() == prompt + fine + user + loop[:10]
     assert got.loss_mask.tolist() == [False] * 3 + [True] * 5 + [False] * 2 + [True] * 10
@@ -270,5 +270,19 @@ def test_a_capture_made_before_an_option_existed_resumes_with_its_default(target
         capture(target, CaptureConfig(data="synthetic", shard_size=2, loop_cut=16), tmp_path, examples=examples,
                 progress=False)
     assert capture(target, CONFIG, tmp_path, examples=examples, progress=False)["examples"] == 7
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "complete": False,
+                                                 "options": {**manifest["options"], "newer": 1}}))
+    with pytest.raises(EagleError, match="other options \\(newer\\)"):  # one this version does not know
+        capture(target, CONFIG, tmp_path, examples=examples, progress=False)
     with pytest.raises(EagleError, match="--loop-cut 0 \\(off\\) or a stretch of 2"):
         CaptureConfig(loop_cut=1)
+
+
+def test_capture_cuts_the_loops_of_given_examples_too(target, tmp_path):
+    loop = torch.tensor([1, 2, 3] + [20, 21, 22] * 4)
+    mask = torch.tensor([False] * 3 + [True] * 12)
+    manifest = capture(target, CaptureConfig(data="synthetic", loop_cut=3), tmp_path, examples=[Example(loop, mask)],
+                       progress=False)
+    ids, kept = FeatureDataset(tmp_path).tokens(0)
+    assert manifest["tokens"] == 9 and ids.tolist() == loop[:9].tolist() and kept.tolist() == mask[:9].tolist()

@@ -371,3 +371,30 @@ def test_a_pause_point_follows_every_generated_token(target, tmp_path, monkeypat
     distill_chunk(target, chats, config, stops(target), (0,), counts, wait=lambda: waits.append(1) or 0.0)
     assert len(steps) >= 2 and counts["new_tokens"] > 0
     assert len(waits) == len(steps) + sum(steps)
+
+
+def test_a_run_written_before_a_summary_counter_existed_resumes_and_grows(target, tmp_path, monkeypatch):
+    """A manifest whose data summary lacks counters added since (loops_cut, loop_tokens) reads them
+    as 0: an interrupted run resumes, a finished one grows, and the files equal one run's."""
+    data = chat_file(tmp_path / "chats.jsonl")
+    config = DistillConfig(data=str(data), max_new_tokens=8, batch_size=2, chunk_size=2, max_length=256)
+    whole = distill(target, config, tmp_path / "whole", progress=False)
+
+    def predate(folder):
+        manifest = json.loads((folder / MANIFEST).read_text())
+        for key in ("loops_cut", "loop_tokens"):
+            del manifest["summary"][key]
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+
+    spy = generate_spy(target, [])
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, limit=whole["chunks"][0]["replies"], **k))
+    with pytest.raises(Interrupted):
+        distill(target, config, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(target.model, "generate", lambda *a, **k: spy(*a, **k))
+    predate(tmp_path / "cut")
+    distill(target, config, tmp_path / "cut", progress=False)
+    assert files(tmp_path / "cut") == files(tmp_path / "whole")
+    distill(target, replace(config, max_examples=4), tmp_path / "grown", progress=False)
+    predate(tmp_path / "grown")
+    distill(target, config, tmp_path / "grown", progress=False)
+    assert files(tmp_path / "grown") == files(tmp_path / "whole")

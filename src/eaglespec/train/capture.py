@@ -35,7 +35,7 @@ from ..files import atomic_path, atomic_write_bytes
 from ..memory import peak_rss_mb
 from ..pause import PAUSE_FILE, idle, wait_if_paused
 from .config import CaptureConfig, parse_layers, to_dict
-from .data import DataSummary, Example, check_usable, iter_examples, source_digest
+from .data import DataSummary, Example, check_usable, cut_loops, iter_examples, source_digest
 
 MANIFEST = "manifest.json"
 FORMAT = "eaglespec-capture/1"
@@ -125,9 +125,10 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
     if not overwrite and (directory / MANIFEST).exists():
         manifest = read_manifest(directory)
         check_identity(manifest["target"], target, f"capture directory {directory}")
-        recorded = {k: manifest["options"].get(k, _DEFAULTS[k]) for k in options}  # an option newer than the capture: its default
-        if recorded != options:
-            diff = sorted(k for k in options if recorded[k] != options[k])
+        # an option added since the capture was started reads as its default; one this version lacks differs
+        recorded = {k: manifest["options"].get(k, _DEFAULTS[k]) for k in options}
+        if recorded != options or set(manifest["options"]) - set(options):
+            diff = sorted({k for k in options if recorded[k] != options[k]} | (set(manifest["options"]) - set(options)))
             raise EagleError(f"capture directory {directory} was made with other options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         dtype = str(target.dtype).removeprefix("torch.")
@@ -144,7 +145,11 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
 
     # read the data before anything is written or removed: a wrong --data loses nothing
     summary = DataSummary()
-    examples = iter(iter_examples(target.tokenizer, config, summary, config.loop_cut) if examples is None else examples)
+    if examples is None:
+        examples = iter_examples(target.tokenizer, config, summary, config.loop_cut)
+    elif config.loop_cut:
+        examples = (cut_loops(example, config.loop_cut)[0] for example in examples)
+    examples = iter(examples)
     first = next(examples, None)
     if first is None:
         check_usable(summary, config)

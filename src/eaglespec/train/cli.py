@@ -111,7 +111,7 @@ def run_capture(args) -> int:
     target = _load_target(args)
     manifest = capture(target, config, args.out, overwrite=args.overwrite, progress=args.progress)
     summary = manifest.get("summary")
-    line = DataSummary(**summary).line() if summary else f"{manifest['examples']} examples"
+    line = DataSummary.from_record(summary).line() if summary else f"{manifest['examples']} examples"
     print(f"captured {line}; {manifest['tokens']} tokens in {len(manifest['shards'])} shard(s) in {args.out}")
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -51,6 +51,13 @@ class DataSummary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "DataSummary":
+        """A summary stored in a manifest: a counter added since it was written reads as 0 (and one
+        a newer version added is not compared)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in known})
 
     def line(self) -> str:
         skipped = {k[8:]: v for k, v in asdict(self).items() if k.startswith("skipped_") and v}
@@ -324,9 +331,9 @@ def iter_examples(tokenizer, config: DataConfig, summary: DataSummary, loop_cut:
         except (TemplateError, TemplateMismatch):
             summary.skipped_template += 1
             continue
+        cut = removed = 0
         if loop_cut:
             example, cut, removed = cut_loops(example, loop_cut)
-            summary.loops_cut, summary.loop_tokens = summary.loops_cut + cut, summary.loop_tokens + removed
         if len(example.input_ids) > config.max_length:
             if config.overflow == "skip":
                 summary.skipped_too_long += 1
@@ -340,6 +347,7 @@ def iter_examples(tokenizer, config: DataConfig, summary: DataSummary, loop_cut:
         summary.examples += 1
         summary.tokens += len(example.input_ids)
         summary.assistant_tokens += int(example.loss_mask.sum())
+        summary.loops_cut, summary.loop_tokens = summary.loops_cut + cut, summary.loop_tokens + removed
         yield example
 
 

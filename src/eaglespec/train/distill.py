@@ -294,7 +294,7 @@ def _resize(directory: Path, manifest: dict, tokenizer, config: DistillConfig, s
     would drop full chunks. Nothing is written until the checks pass."""
     earlier = DataSummary()
     select(tokenizer, replace(config, max_examples=manifest["options"]["max_examples"]), earlier)
-    if manifest["summary"] != earlier.to_dict():
+    if DataSummary.from_record(manifest["summary"]) != earlier:
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
     if total != manifest["total"] and manifest["conversations"] % config.chunk_size:
@@ -345,9 +345,11 @@ def distill(target, config: DistillConfig, out_dir: str | os.PathLike, overwrite
     stop = stops(target)
     if resize:
         _resize(directory, manifest, target.tokenizer, config, summary, len(conversations))
-    elif manifest is not None and manifest["summary"] != summary.to_dict():
+    elif manifest is not None and DataSummary.from_record(manifest["summary"]) != summary:
         raise EagleError(f"the same data selects other conversations than when {directory} was started (another "
                          "tokenizer or chat template?): pass --overwrite or another --out")
+    elif manifest is not None:
+        manifest["summary"] = summary.to_dict()  # the same, with any counter added since it was written
 
     directory.mkdir(parents=True, exist_ok=True)
     if overwrite:
@@ -394,4 +396,4 @@ def describe(manifest: dict) -> str:
     return (f"{manifest['records']} conversations ({manifest['replies']} replies, {manifest['new_tokens']} new tokens, "
             f"{manifest['cut_replies']} cut at --max-new-tokens, {manifest['ended_early']} ended early at "
             f"--max-length, {manifest['dropped']} dropped) from {manifest['total']} selected: "
-            f"{DataSummary(**manifest['summary']).line()}")
+            f"{DataSummary.from_record(manifest['summary']).line()}")
