@@ -1,6 +1,6 @@
 #!/bin/bash
 # loop-cut A/B: the sd4k recipe on the same 4,096 distilled first turns, captured with --loop-cut 16
-cd /work/main
+cd "$(dirname "$0")/../../.."  # the repository root
 B=.venv/bin
 echo "[pipeline] capture $(date)"
 nice -n 5 $B/eaglespec capture --data docs/data/distill-4k --out runs/cap-lc4k --max-length 768 --loop-cut 16 || exit 1
