@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,7 +40,6 @@ from .data import DataSummary, Example, check_usable, cut_loops, iter_examples, 
 MANIFEST = "manifest.json"
 FORMAT = "eaglespec-capture/1"
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_DEFAULTS = {f.name: f.default for f in fields(CaptureConfig)}
 _IDENTITY_KEYS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers", "fingerprint")
 
 
@@ -126,9 +125,9 @@ def capture(target, config: CaptureConfig, out_dir: str | os.PathLike, examples:
         manifest = read_manifest(directory)
         check_identity(manifest["target"], target, f"capture directory {directory}")
         # an option added since the capture was started reads as its default; one this version lacks differs
-        recorded = {k: manifest["options"].get(k, _DEFAULTS[k]) for k in options}
-        if recorded != options or set(manifest["options"]) - set(options):
-            diff = sorted({k for k in options if recorded[k] != options[k]} | (set(manifest["options"]) - set(options)))
+        recorded = {**to_dict(CaptureConfig()), **manifest["options"]}
+        diff = sorted(k for k in recorded if k not in options or recorded[k] != options[k])
+        if diff:
             raise EagleError(f"capture directory {directory} was made with other options ({', '.join(diff)}): "
                              "rerun with the same options to resume, or pass --overwrite or another --out")
         dtype = str(target.dtype).removeprefix("torch.")
