@@ -148,6 +148,17 @@ def _one_thread_for_tiny_models(request):
     torch.set_num_threads(old)
 
 
+@pytest.fixture
+def one_cache_length(monkeypatch):
+    """Batch invariance (numerics.measure_invariance, and numerics_for's cache key with it) after
+    one cache length instead of CONTEXT_OFFSETS' eight: the eight are there for bf16 siblings (which
+    round otherwise at some lengths on the Intel AMX kind) and are tested in test_numerics; a
+    float32 real-model test that measures the gate spends a third of its time there."""
+    from eaglespec.engine import numerics
+
+    monkeypatch.setattr(numerics, "CONTEXT_OFFSETS", numerics.CONTEXT_OFFSETS[:1])
+
+
 @pytest.fixture(params=ARCHS)
 def any_arch_target(request):
     return tiny_target(request.param)

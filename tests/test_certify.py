@@ -1,7 +1,6 @@
 """`eaglespec certify`: passes on a healthy generator, fails (with the divergence shown) on a broken
 verifier, refuses bad input with one line; its statistics against known values."""
 
-import functools
 import json
 import math
 from collections import Counter
@@ -17,7 +16,6 @@ from tiny_tokenizer import tiny_chat_generator
 import eaglespec.engine.batch
 from eaglespec.cli.commands import main
 from eaglespec.draft.head import EagleHead
-from eaglespec.engine import numerics
 from eaglespec.engine.decoding import EagleGenerator
 from eaglespec.errors import EagleError
 from eaglespec.tools import certify as cf
@@ -266,12 +264,10 @@ def test_bad_options_fail_before_loading(argv, message, tmp_path, monkeypatch, c
 
 # -- the real default model -------------------------------------------------------------------
 @pytest.mark.slow
-def test_certify_passes_on_the_default_model_and_head(monkeypatch):
+def test_certify_passes_on_the_default_model_and_head(one_cache_length):
     # a fixed tree: `auto` picks from a measured cost curve, so on a busy machine it may pick no drafts.
     # The invariance table is measured after one cache length, not eight (a third of this test's time
     # went there): it informs and does not gate the verdict, and the eight are tested in test_numerics.
-    monkeypatch.setattr(numerics, "measure_invariance",
-                        functools.partial(numerics.measure_invariance, offsets=numerics.CONTEXT_OFFSETS[:1]))
     gen = EagleGenerator.from_pretrained(None, "default", "eagle1")
     texts = cf.load_prompts(None, 3)
     settings = cf.CertifySettings(max_new_tokens=32, samples=100, sample_prompts=1, batch_size=50,

@@ -278,3 +278,25 @@ def test_the_table_command_answers_help_and_a_compile_it_cannot_run_before_measu
     with pytest.raises(SystemExit) as done:
         numerics.main(["--compile", "on"])
     assert "--compile on: no C++ compiler" in str(done.value.code) and "\n" not in str(done.value.code)
+
+
+def test_numerics_fors_cache_follows_the_cache_lengths_measured(monkeypatch):
+    """numerics_for's cached report names the cache lengths it was measured after (CONTEXT_OFFSETS,
+    read at the call): a report of one length, as the one_cache_length fixture measures, is never
+    read back for the eight."""
+    target = tiny_target("llama", dtype=torch.float32)
+    lengths: list[int] = []
+    measured_at = numerics._invariance_at
+
+    def counting(target, prefix, *args):
+        lengths.append(prefix.shape[1])
+        return measured_at(target, prefix, *args)
+
+    monkeypatch.setattr(numerics, "_invariance_at", counting)
+    with monkeypatch.context() as m:
+        m.setattr(numerics, "CONTEXT_OFFSETS", numerics.CONTEXT_OFFSETS[:1])
+        numerics.numerics_for(target, sizes=(1, 2))
+        numerics.numerics_for(target, sizes=(1, 2))  # read back
+    assert len(lengths) == 1
+    numerics.numerics_for(target, sizes=(1, 2))  # all eight: measured, not the one-length report
+    assert len(lengths) == 1 + len(set(numerics.CONTEXT_OFFSETS))

@@ -1,11 +1,10 @@
 """The server's load test on the real default model (issue #10): see eaglespec.serve.loadtest.
 Its own module, so that the model runs on every core (the tiny-model server tests pin one thread)."""
 
-import functools
 
 import pytest
 
-from eaglespec.engine import numerics, tuning
+from eaglespec.engine import tuning
 from eaglespec.serve import ServeConfig, create_app
 from eaglespec.serve.loadtest import serve_in_thread
 
@@ -21,7 +20,7 @@ def _saturating_costs(gen, trees, context=256, reps=5, batch=1):
 
 
 @pytest.mark.slow
-def test_openai_clients_on_the_default_model_with_default_settings(monkeypatch):
+def test_openai_clients_on_the_default_model_with_default_settings(monkeypatch, one_cache_length):
     """Issue #10's load test: 32 concurrent `openai` clients x 2 requests (mixed streaming / not,
     chat / completions, greedy, max_tokens 16) against the default model and head with the
     server's default settings (continuous batching, --tree auto tuned for batches up to 16): no
@@ -41,8 +40,6 @@ def test_openai_clients_on_the_default_model_with_default_settings(monkeypatch):
     from eaglespec.serve.loadtest import run
 
     monkeypatch.setattr(tuning, "measure_step_costs", _saturating_costs)
-    monkeypatch.setattr(numerics, "measure_invariance",
-                        functools.partial(numerics.measure_invariance, offsets=numerics.CONTEXT_OFFSETS[:1]))
     config = ServeConfig()
     gen = EagleGenerator.from_pretrained(None, "default", "auto", max_batch=config.max_batch)
     assert gen.tuned.tree_for(1) is not None and gen.tuned.tree_for(2) is not None

@@ -79,11 +79,12 @@ CONTEXT_OFFSETS = (0, 5, 11, 18, 27, 37, 46, 59)
 
 @torch.no_grad()
 def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), context: int = CONTEXT,
-                       seed: int = 0, reference=None, offsets=CONTEXT_OFFSETS) -> NumericsReport:
+                       seed: int = 0, reference=None, offsets=None) -> NumericsReport:
     """Per-row logits of a q-token step against the same tokens decoded one at a time, for each q
     in sizes, in two tree shapes: a chain (token i after tokens 0..i-1) and a star (tokens 1..q-1
     each a child of token 0, as a draft tree's siblings are), on caches of `context` + each of
-    `offsets` random tokens; the largest difference over all of them is reported. Both run through
+    `offsets` random tokens (default: CONTEXT_OFFSETS, read at the call, as numerics_for's cache key
+    reads it); the largest difference over all of them is reported. Both run through
     the target's decoding step (`target.steps`: eager or compiled), so a compiled target is
     measured on its own kernels. A sibling sits in a slot after the others, while decoded alone it
     sits right after its parent: a kernel can round it otherwise at some cache lengths and not at
@@ -91,6 +92,7 @@ def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), cont
     not after 256), which a chain, or one cache length, does not show.
     reference: another backend (target.EagerSteps) whose one-at-a-time logits replace this
     one's as the reference: compiled against eager."""
+    offsets = CONTEXT_OFFSETS if offsets is None else offsets
     g = torch.Generator().manual_seed(seed)
     vocab = min(target.vocab_size, int(getattr(target.config, "vocab_size", target.vocab_size)))
     longest = max(sizes)
