@@ -1,6 +1,7 @@
 """Tree auto-tuning: acceptance calibration, best trees by expected tau, the chosen tree."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -480,6 +481,45 @@ def test_a_noisy_cost_curve_is_measured_again_then_flagged(tmp_path, monkeypatch
     data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
     assert data["batch_sizes"]["1"]["noise"] == 0.8
     assert "curve is noisy" in tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path).source  # said on reading too
+
+
+def test_a_cost_curve_measured_beside_other_work_is_measured_again_then_flagged(tmp_path, monkeypatch):
+    """A job running through the measurement slows every timing alike (the spread stays small):
+    the CPU time other processes ran meanwhile says so; such a curve is measured again, and kept
+    flagged when every try was shared."""
+    gen, stats = _tuning_setup()
+    loads = iter([1.5, 0.05])
+    calls = []
+
+    def fake(gen, trees, context=256, reps=3, batch=1):
+        calls.append(1)
+        return 1.0 + 0.1 * len(calls), {n: (0.1, 1.0) for n in trees}, 0.01  # never noisy by the spread
+
+    monkeypatch.setattr(tuning, "measure_step_costs", fake)
+    monkeypatch.setattr(tuning, "_others", lambda before, after, seconds: next(loads, 1.5))
+    curve = tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path)
+    assert len(calls) == 2 and curve.vanilla == 1.2 and "other processes" not in curve.source  # the quiet second one
+    calls.clear()
+    shared = tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path, retune=True)
+    assert len(calls) == tuning.NOISE_TRIES and "other processes ran 1.5 cores" in shared.source
+    assert "--retune" in shared.source and "noisy" not in shared.source
+    data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
+    assert data["batch_sizes"]["1"]["others"] == 1.5
+    assert "other processes ran 1.5" in tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path).source
+
+
+def test_other_processes_cpu_time_is_the_machines_less_this_processs():
+    assert tuning._others((10.0, 4.0), (13.0, 5.0), 2.0) == 1.0  # 3 s ran, 1 s of it ours, over 2 s
+    assert tuning._others((10.0, 4.0), (10.5, 5.0), 1.0) == 0.0  # ticks round: never below zero
+    assert tuning._others(None, (1.0, 1.0), 1.0) == 0.0  # not known: not counted
+    before = tuning._cpu_seconds()
+    if before is None:
+        pytest.skip("no /proc/stat here")
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # this process's own work
+        pass
+    after = tuning._cpu_seconds()
+    assert after[1] - before[1] >= 0.25 and after[0] - before[0] >= after[1] - before[1] - 0.05
 
 
 def test_best_trees_take_the_most_valuable_nodes_when_a_noisy_calibration_misorders_ranks():
