@@ -1,7 +1,6 @@
 """The server's load test on the real default model (issue #10): see eaglespec.serve.loadtest.
 Its own module, so that the model runs on every core (the tiny-model server tests pin one thread)."""
 
-
 import pytest
 
 from eaglespec.engine import tuning

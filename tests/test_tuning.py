@@ -1,7 +1,9 @@
 """Tree auto-tuning: acceptance calibration, best trees by expected tau, the chosen tree."""
 
 import json
+import os
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from eaglespec.draft.drafter import Drafter
 from eaglespec.draft.head import EagleHead
 from eaglespec.engine import tuning
 from eaglespec.engine.decoding import EagleGenerator
+from eaglespec.engine.tuning import _cpu_seconds as real_cpu_seconds  # before conftest turns the reading off
 from eaglespec.engine.tuning import (AcceptanceStats, best_trees, calibrate, calibration_tree, cost_file, cost_key, tune,
                                      use_auto_tree)
 from eaglespec.errors import EagleError
@@ -488,15 +491,25 @@ def test_a_cost_curve_measured_beside_other_work_is_measured_again_then_flagged(
     the CPU time other processes ran meanwhile says so; such a curve is measured again, and kept
     flagged when every try was shared."""
     gen, stats = _tuning_setup()
-    loads = iter([1.5, 0.05])
     calls = []
+    clock = iter(range(10**6))  # a second between readings: a try lasts 1 s
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(os, "cpu_count", torch.get_num_threads)  # no idle cores to leave aside
+    loads = iter([1.5, 0.05])  # cores of other work in each try; then 1.5 for ever
+    readings_taken, busy = [0], [100.0]
+
+    def readings():  # (the machine's CPU seconds, ours), before and after each try
+        readings_taken[0] += 1
+        if readings_taken[0] % 2 == 0:  # after: the try's other work ran meanwhile
+            busy[0] += next(loads, 1.5)
+        return busy[0], 7.0
 
     def fake(gen, trees, context=256, reps=3, batch=1):
         calls.append(1)
         return 1.0 + 0.1 * len(calls), {n: (0.1, 1.0) for n in trees}, 0.01  # never noisy by the spread
 
+    monkeypatch.setattr(tuning, "_cpu_seconds", readings)
     monkeypatch.setattr(tuning, "measure_step_costs", fake)
-    monkeypatch.setattr(tuning, "_others", lambda before, after, seconds: next(loads, 1.5))
     curve = tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path)
     assert len(calls) == 2 and curve.vanilla == 1.2 and "other processes" not in curve.source  # the quiet second one
     calls.clear()
@@ -504,21 +517,33 @@ def test_a_cost_curve_measured_beside_other_work_is_measured_again_then_flagged(
     assert len(calls) == tuning.NOISE_TRIES and "other processes ran 1.5 cores" in shared.source
     assert "--retune" in shared.source and "noisy" not in shared.source
     data = json.loads(next(tmp_path.glob("step-costs-*.json")).read_text())
-    assert data["batch_sizes"]["1"]["others"] == 1.5
+    assert data["batch_sizes"]["1"]["others"] == pytest.approx(1.5)
     assert "other processes ran 1.5" in tuning.step_costs(gen, {1: tuning.static_tree([(0,)])}, cache=tmp_path).source
 
 
-def test_other_processes_cpu_time_is_the_machines_less_this_processs():
+def test_the_quietest_try_is_the_one_least_over_its_limits():
+    slightly_shared = (1.0, {}, 0.05, 0.26)
+    very_noisy = (1.0, {}, 0.9, 0.0)
+    assert tuning._overshoot(slightly_shared) < tuning._overshoot(very_noisy)
+    assert tuning._overshoot((1.0, {}, tuning.NOISE_LIMIT, tuning.OTHERS_LIMIT)) == 1.0  # at the limits: quiet
+
+
+def test_other_processes_cpu_time_is_the_machines_less_this_processs_and_the_idle_cores():
     assert tuning._others((10.0, 4.0), (13.0, 5.0), 2.0) == 1.0  # 3 s ran, 1 s of it ours, over 2 s
+    assert tuning._others((10.0, 4.0), (13.0, 5.0), 2.0, spare=1) == 0.0  # a core our threads leave idle held it
     assert tuning._others((10.0, 4.0), (10.5, 5.0), 1.0) == 0.0  # ticks round: never below zero
     assert tuning._others(None, (1.0, 1.0), 1.0) == 0.0  # not known: not counted
-    before = tuning._cpu_seconds()
+    # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice, in ticks
+    assert tuning._busy_seconds("cpu  100 20 30 5000 400 6 7 8 50 9", 100) == (100 + 20 + 30 + 6 + 7 + 8) / 100
+    with pytest.raises(ValueError):
+        tuning._busy_seconds("intr 1 2 3 4 5 6 7 8 9", 100)
+    before = real_cpu_seconds()
     if before is None:
         pytest.skip("no /proc/stat here")
     end = time.process_time() + 0.3
     while time.process_time() < end:  # this process's own work
         pass
-    after = tuning._cpu_seconds()
+    after = real_cpu_seconds()
     assert after[1] - before[1] >= 0.25 and after[0] - before[0] >= after[1] - before[1] - 0.05
 
 

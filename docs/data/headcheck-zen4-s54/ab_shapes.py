@@ -10,8 +10,9 @@ gen = EagleGenerator.from_pretrained(None, "default", "auto")
 ids = list(gen.encode(prompt))
 folder = Path(tempfile.mkdtemp())
 def tree_file(paths):
-    (folder / f"{len(list(folder.iterdir()))}.json").write_text(json.dumps(paths))
-    return str(sorted(folder.iterdir())[-1])
+    path = folder / f"{len(list(folder.iterdir()))}.json"
+    path.write_text(json.dumps(paths))
+    return str(path)
 methods = {"vanilla": dict(speculative=False), "auto": {}, "star [[0],[1],[2]]": dict(tree=tree_file([[0], [1], [2]])),
            "two levels [[0],[1],[0,0]]": dict(tree=tree_file([[0], [1], [0, 0]])), "chain:3": dict(tree="chain:3")}
 times = {m: [] for m in methods}; taus = {}

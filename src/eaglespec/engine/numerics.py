@@ -79,7 +79,7 @@ CONTEXT_OFFSETS = (0, 5, 11, 18, 27, 37, 46, 59)
 
 @torch.no_grad()
 def measure_invariance(target, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32), context: int = CONTEXT,
-                       seed: int = 0, reference=None, offsets=None) -> NumericsReport:
+                       seed: int = 0, reference=None, offsets: tuple[int, ...] | None = None) -> NumericsReport:
     """Per-row logits of a q-token step against the same tokens decoded one at a time, for each q
     in sizes, in two tree shapes: a chain (token i after tokens 0..i-1) and a star (tokens 1..q-1
     each a child of token 0, as a draft tree's siblings are), on caches of `context` + each of
